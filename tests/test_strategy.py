@@ -55,6 +55,7 @@ SEED_TABLES: dict[str, tuple[str, Any]] = {
 
 OTHER_DEFAULTS: dict[str, Any] = {
     "mode": "collective",
+    "gradient_compression": "none",
     "amp": False,
     "gradient_merge": False,
     "localsgd": False,
@@ -66,6 +67,9 @@ OTHER_DEFAULTS: dict[str, Any] = {
     "last_comm_group_size_MB": 1.0,
     "find_unused_parameters": False,
     "allreduce_algorithm": "native",
+    "timeline": None,
+    "stall_warning_seconds": 60.0,
+    "stall_shutdown_seconds": 0.0,
 }
 
 CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -86,7 +90,20 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     "gradient_merge_configs": {"k_steps": 1, "avg": True},
     "localsgd_configs": {"k_steps": 1, "begin_step": 1},
     "adaptive_localsgd_configs": {"init_k_steps": 1, "begin_step": 1},
-    "dgc_configs": {"rampup_begin_step": 0, "rampup_step": 1, "sparsity": [0.999]},
+    "dgc_configs": {
+        "rampup_begin_step": 0,
+        "rampup_step": 1,
+        "sparsity": [0.999],
+        "min_numel": 16384,  # longboat's addition
+    },
+    "powersgd_configs": {
+        "rank": 1,
+        "start_step": 10,
+        "warm_start": True,
+        "error_feedback": True,
+        "min_compression_bytes": 65536,
+        "seed": 0,
+    },
     "lars_configs": {
         "lars_coeff": 0.001,
         "lars_weight_decay": 0.0005,
@@ -105,6 +122,7 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "runtime_split_send_recv": False,
         "launch_barrier": True,
         "lr_decay_steps": 10,
+        "update_on_server": True,
     },
 }
 
@@ -388,6 +406,10 @@ CONFLICT_CASES = [
     ({"lars": True}, "dgc", True, "lars"),
     ({"lamb": True}, "dgc", True, "lamb"),
     ({"localsgd": True}, "dgc", True, "localsgd"),
+    ({"adaptive_localsgd": True}, "dgc", True, "adaptive_localsgd"),
+    ({"gradient_compression": "powersgd"}, "dgc", True, "gradient_compression"),
+    ({"gradient_compression": "bf16"}, "fp16_allreduce", True, "gradient_compression"),
+    ({"gradient_compression": "fp16"}, "localsgd", True, "gradient_compression"),
     ({"mode": "ps", "a_sync_configs": {"k_steps": 0}}, "mode", "collective", "a_sync_configs"),
     ({"allreduce_algorithm": "ring"}, "use_hierarchical_allreduce", True, "allreduce_algorithm"),
 ]
@@ -485,15 +507,13 @@ IMPLEMENTED = {
     "allreduce_algorithm", "use_hierarchical_allreduce", "hierarchical_allreduce_inter_nranks",
     "localsgd", "localsgd_configs", "adaptive_localsgd", "adaptive_localsgd_configs",
     "lars", "lars_configs", "lamb", "lamb_configs", "sync_batch_norm",
-    "fp16_allreduce", "amp", "amp_configs",
+    "fp16_allreduce", "amp", "amp_configs", "dgc", "dgc_configs",
+    "gradient_compression", "powersgd_configs",
+    "timeline", "stall_warning_seconds", "stall_shutdown_seconds",
+    "a_sync_configs", "use_thread_barrier",
 }  # fmt: skip
 PLANNED = {
-    "dgc": "deep gradient compression",
-    "dgc_configs": "deep gradient compression",
     "auto": "automatic strategy tuning",
-    "a_sync_configs": "parameter-server",
-    "use_thread_barrier": "parameter-server",
-    "mode": "parameter-server training",
 }
 
 
@@ -534,12 +554,12 @@ def test_check_implemented_names_planned_field_and_feature(name: str) -> None:
     assert PLANNED[first] in message and "does not implement yet (planned: " in message
 
 
-def test_check_implemented_message_for_dgc() -> None:
+def test_check_implemented_message_for_auto() -> None:
     with pytest.raises(NotImplementedError) as info:
-        make(dgc=True).check_implemented()
+        make(auto=True).check_implemented()
     assert str(info.value) == (
-        "Strategy.dgc=True needs deep gradient compression, which longboat does not "
-        "implement yet (planned: training optimisations)"
+        "Strategy.auto=True needs automatic strategy tuning, which longboat does not "
+        "implement yet (planned: automatic tuning)"
     )
 
 
@@ -553,6 +573,9 @@ def test_check_implemented_passes_for_defaults_and_implemented_fields() -> None:
         a_sync=False,
         fuse_all_optimizer_ops=True,
         cudnn_exhaustive_search=False,
+    ).check_implemented()
+    make(
+        mode="ps", a_sync=False, a_sync_configs={"k_steps": 0}, use_thread_barrier=True
     ).check_implemented()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -15,8 +16,10 @@ from longboat.collective.consistency import broadcast_state, verify_same_model
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.model import DistributedModel
 from longboat.collective.optimizer import (
+    attach_dgc,
     attach_local_sgd,
     attach_loss_scaling,
+    dgc_momentum,
     gate_for_gradient_merge,
     use_multi_tensor_kernels,
 )
@@ -46,6 +49,10 @@ def distribute(
     the wrapped model and the optimizer (gated for gradient merge when that is on).
     """
     strategy = strategy or cluster.current_strategy() or Strategy()
+    if strategy.mode == "ps":  # parameter-server mode: longboat.ps owns everything from here
+        from longboat.ps.engine import distribute as ps_distribute
+
+        return ps_distribute(model, optimizer, strategy)  # type: ignore[return-value]
     strategy.check_implemented()
     if not cluster.is_initialized():
         cluster.init(strategy)
@@ -69,7 +76,10 @@ def distribute(
         model = torch.compile(model)  # type: ignore[assignment]
     amp = Amp(strategy.amp_configs, named[0][1].device.type) if strategy.amp else None
     scaled = amp is not None and amp.scaler is not None
-    reducer = _build_reducer(named, strategy, comms, fns, check_finite=scaled)
+    compression = _compression(strategy, optimizer)
+    reducer, compressors = _build_reducer(
+        named, strategy, comms, fns, compression, check_finite=scaled
+    )
     merge = strategy.gradient_merge
     k_steps = int(strategy.gradient_merge_configs["k_steps"]) if merge else 1
     local_sgd = _local_sgd(strategy, [p for _, p in named])
@@ -80,6 +90,7 @@ def distribute(
         merge_avg=bool(strategy.gradient_merge_configs["avg"]) if merge else False,
         communicate=local_sgd is None,
         amp=amp,
+        compressors=compressors,
     )
     wrapped.strategy = strategy  # type: ignore[assignment]
     if optimizer is not None:
@@ -91,12 +102,17 @@ def distribute(
             )
         if scaled:
             optimizer = attach_loss_scaling(optimizer, wrapped)
+        if strategy.dgc:
+            optimizer = attach_dgc(optimizer, [c.state for c in compressors])
         if k_steps > 1:
             optimizer = gate_for_gradient_merge(optimizer, wrapped)
         if local_sgd is not None:
             optimizer = attach_local_sgd(optimizer, local_sgd)
     elif local_sgd is not None:
         raise ValueError("local SGD averages parameters after optimizer steps: pass the optimizer")
+    from longboat.trace import attach  # timeline and stall inspector, as the strategy asks
+
+    optimizer = attach(wrapped, optimizer, strategy)
     return wrapped, optimizer
 
 
@@ -142,13 +158,27 @@ def _allreduce_fns(
     return algorithm, comms, [algorithms.make(algorithm, group) for group in comms]
 
 
+def _compression(strategy: Strategy, optimizer: torch.optim.Optimizer | None) -> tuple[str, dict]:
+    """The gradient compressor the strategy selects ('none' counts bytes), and its config."""
+    if strategy.dgc:
+        return "dgc", {**strategy.dgc_configs, "momentum": dgc_momentum(optimizer)}
+    name = "fp16" if strategy.fp16_allreduce else str(strategy.gradient_compression)
+    return name, dict(strategy.powersgd_configs) if name == "powersgd" else {}
+
+
+# compressors that change values beyond rounding: the used-parameter flags go apart, exactly
+_LOSSY = ("powersgd", "dgc")
+
+
 def _build_reducer(
     named: list[tuple[str, nn.Parameter]],
     strategy: Strategy,
     comms: list[dist.ProcessGroup],
     fns: list[AllreduceFn],
+    compression: tuple[str, dict],
     check_finite: bool = False,
-) -> Reducer:
+) -> tuple[Reducer, list]:
+    """The reducer over ``fns`` (compressed as selected), and the compressors it uses."""
     specs = [
         GradSpec(i, n, p.numel(), p.dtype, p.device, layer_of(n)) for i, (n, p) in enumerate(named)
     ]
@@ -159,10 +189,15 @@ def _build_reducer(
         max_layers=int(strategy.fuse_grad_size_in_TFLOPS),
         last_cap_mb=float(strategy.last_comm_group_size_MB),
     )
-    if strategy.fp16_allreduce:  # pre-divided buckets: half precision cannot overflow the sum
-        fns = [make_compressor("fp16", fn, group) for fn, group in zip(fns, comms, strict=True)]
+    # pre-divided buckets: half precision cannot overflow the sum
+    name, config = compression
+    compressors = [make_compressor(name, fn, g, config) for fn, g in zip(fns, comms, strict=True)]
+    fns = list(compressors)
+    flag_fns = [c.exact for c in compressors] if name in _LOSSY else None
     if strategy.sync_nccl_allreduce:
         fns = [SerialAllreduce(fn) for fn in fns]
+        if flag_fns is not None:  # the flags join the same chain: one order on every rank
+            flag_fns = [functools.partial(s, fn=f) for s, f in zip(fns, flag_fns, strict=True)]
     if cluster.rank() == 0:
         log.info(
             "%s over %d communicator(s)%s",
@@ -170,14 +205,20 @@ def _build_reducer(
             len(fns),
             ", one allreduce in flight per communicator" if strategy.sync_nccl_allreduce else "",
         )
-    return Reducer(
+    reducer = Reducer(
         named,
         plan,
         fns,
         world_size=dist.get_world_size(),
         find_unused_parameters=strategy.find_unused_parameters,
         check_finite=check_finite,
+        flag_fns=flag_fns,
     )
+    for compressor in compressors:
+        if hasattr(compressor, "set_layout"):
+            for buffer, layout in reducer.bucket_layouts():
+                compressor.set_layout(buffer, layout)
+    return reducer, compressors
 
 
 def _check_devices(named: list[tuple[str, nn.Parameter]]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -32,9 +32,11 @@ class DistributedModel(nn.Module):
         merge_avg: bool,
         communicate: bool = True,
         amp: Amp | None = None,
+        compressors: Sequence[Any] = (),
     ):
         super().__init__()
         self.amp = amp
+        self.compressors = tuple(compressors)  # one per communicator, each with ``.stats``
         self.communicate = communicate  # False under local SGD: parameters are averaged instead
         self.module = module
         self.reducer = reducer
@@ -54,7 +56,12 @@ class DistributedModel(nn.Module):
         if self.amp is not None:
             divisor *= self.amp.scale  # the loss scale is undone on the way into the buckets
         self.reducer.prepare(sync=sync, divisor=float(divisor))
+        observer = self.reducer.observer  # longboat.trace: timeline and stall inspector
+        if observer is not None:
+            observer.forward_begin()
         output = self._run(args, kwargs)
+        if observer is not None:
+            observer.forward_end(output)
         if self.amp is not None:
             self.amp.scale_gradients_of(output)
         if sync and self.reducer.find_unused:
@@ -66,6 +73,15 @@ class DistributedModel(nn.Module):
             return self.module(*args, **kwargs)
         with self.amp.autocast():
             return self.module(*args, **kwargs)
+
+    def bytes_sent(self) -> int:
+        """Gradient bytes this rank has sent so far (the difference across a step: per step).
+
+        Counted by the compressors with the ring model (``2·S·(N−1)/N`` per allreduce of
+        ``S`` bytes; ``(N−1)·S`` for DGC's allgather), so compressed and plain runs compare.
+        Call it after the step's backward (the counters are updated as buckets go out).
+        """
+        return sum(c.stats.bytes_sent for c in self.compressors)
 
     def is_merge_boundary(self) -> bool:
         """True when the current micro step completes a gradient-merge cycle."""

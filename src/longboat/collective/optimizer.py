@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.model import DistributedModel
+
+
+def _mix_in(
+    optimizer: torch.optim.Optimizer, mixin: type, prefix: str, **attrs: Any
+) -> torch.optim.Optimizer:
+    """Swap ``optimizer``'s class for a subclass with ``mixin`` first, set ``attrs`` (in place).
+
+    The caller's own reference, LR schedulers and ``isinstance`` checks keep working.
+    """
+    base = type(optimizer)
+    optimizer.__class__ = type(f"{prefix}{base.__name__}", (mixin, base), {})
+    for name, value in attrs.items():
+        setattr(optimizer, name, value)
+    return optimizer
 
 
 class _MergeGate:
@@ -28,17 +43,10 @@ class _MergeGate:
 def gate_for_gradient_merge(
     optimizer: torch.optim.Optimizer, model: DistributedModel
 ) -> torch.optim.Optimizer:
-    """Make ``optimizer`` skip ``step``/``zero_grad`` between merge boundaries (in place).
-
-    The optimizer's class is swapped for a subclass, so the caller's own reference, LR
-    schedulers and ``isinstance`` checks keep working.
-    """
+    """Make ``optimizer`` skip ``step``/``zero_grad`` between merge boundaries (in place)."""
     if isinstance(optimizer, _MergeGate):
         raise ValueError("this optimizer was already passed to lb.distribute")
-    base = type(optimizer)
-    optimizer.__class__ = type(f"Merged{base.__name__}", (_MergeGate, base), {})
-    optimizer._lb_model = model  # type: ignore[attr-defined]
-    return optimizer
+    return _mix_in(optimizer, _MergeGate, "Merged", _lb_model=model)
 
 
 def use_multi_tensor_kernels(optimizer: torch.optim.Optimizer) -> bool:
@@ -76,10 +84,7 @@ def attach_local_sgd(
     optimizer: torch.optim.Optimizer, sgd: LocalSGD | AdaptiveLocalSGD
 ) -> torch.optim.Optimizer:
     """Make ``optimizer.step()`` also run local SGD's parameter averaging (in place)."""
-    base = type(optimizer)
-    optimizer.__class__ = type(f"LocalSGD{base.__name__}", (_LocalSGDStep, base), {})
-    optimizer._lb_local_sgd = sgd  # type: ignore[attr-defined]
-    return optimizer
+    return _mix_in(optimizer, _LocalSGDStep, "LocalSGD", _lb_local_sgd=sgd)
 
 
 class _AmpStep:
@@ -100,7 +105,47 @@ def attach_loss_scaling(
     optimizer: torch.optim.Optimizer, model: DistributedModel
 ) -> torch.optim.Optimizer:
     """Make ``optimizer.step()`` skip overflowed steps on every rank (in place)."""
-    base = type(optimizer)
-    optimizer.__class__ = type(f"Amp{base.__name__}", (_AmpStep, base), {})
-    optimizer._lb_model = model  # type: ignore[attr-defined]
-    return optimizer
+    return _mix_in(optimizer, _AmpStep, "Amp", _lb_model=model)
+
+
+class _DGCStep:
+    """Mixin: once DGC sends sparse, it applies the momentum, so SGD's is off for the step."""
+
+    _lb_dgc: Sequence[Any]  # the DGC compressors (``sparse_active``)
+
+    def step(self, closure: Any = None, **kwargs: Any) -> Any:
+        if not any(c.sparse_active for c in self._lb_dgc):
+            return super().step(closure, **kwargs)  # type: ignore[misc]
+        groups = self.param_groups  # type: ignore[attr-defined]
+        saved = [g["momentum"] for g in groups]
+        for g in groups:
+            g["momentum"] = 0.0
+        try:
+            return super().step(closure, **kwargs)  # type: ignore[misc]
+        finally:
+            for g, m in zip(groups, saved, strict=True):
+                g["momentum"] = m
+
+
+def dgc_momentum(optimizer: torch.optim.Optimizer | None) -> float:
+    """The momentum DGC takes over from ``optimizer``; raises if DGC cannot wrap it."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        got = "no optimizer" if optimizer is None else type(optimizer).__name__
+        raise ValueError(
+            f"dgc=True needs torch.optim.SGD (with or without momentum), got {got}: DGC applies "
+            "the momentum itself before sparsifying (Fleet's DGCMomentumOptimizer)"
+        )
+    groups = optimizer.param_groups
+    momenta = {float(g["momentum"]) for g in groups}
+    if len(momenta) != 1:
+        raise ValueError(f"dgc=True needs one momentum for all parameter groups, got {momenta}")
+    if any(g["nesterov"] or g["dampening"] for g in groups):
+        raise ValueError("dgc=True supports SGD momentum without nesterov and dampening=0")
+    return momenta.pop()
+
+
+def attach_dgc(
+    optimizer: torch.optim.Optimizer, compressors: Sequence[Any]
+) -> torch.optim.Optimizer:
+    """Make ``optimizer.step()`` skip its own momentum while DGC is sparse (in place)."""
+    return _mix_in(optimizer, _DGCStep, "DGC", _lb_dgc=list(compressors))

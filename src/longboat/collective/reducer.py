@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from longboat.collective.buckets import BucketPlan
 from longboat.comm.algorithms import AllreduceFn, Handle
+
+if TYPE_CHECKING:
+    from longboat.trace.observer import Observer
 
 _FLAG_DTYPES = (torch.float32, torch.float64)
 
@@ -72,6 +76,7 @@ class Reducer:
         world_size: int,
         find_unused_parameters: bool = False,
         check_finite: bool = False,
+        flag_fns: Sequence[AllreduceFn] | None = None,
     ):
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
@@ -80,6 +85,8 @@ class Reducer:
         self.check_finite = check_finite
         self.last_finite = True  # AMP: were the last reduced gradients free of inf/NaN?
         self._fns = list(allreduce_fns)
+        # lossy compressors get the used-parameter flags sent apart, exactly, through these
+        self._flag_fns = list(flag_fns) if flag_fns is not None else self._fns
         self._buckets = [
             _Bucket(b, members, self.params, comm=b % len(self._fns))
             for b, members in enumerate(plan.buckets)
@@ -88,7 +95,7 @@ class Reducer:
         for bucket in self._buckets:
             for i, off in zip(bucket.members, bucket.offsets, strict=True):
                 self._where[i] = (bucket.index, off)
-        self._flags, self._flags_handle_separate = self._make_flags()
+        self._flags, self._flags_handle_separate = self._make_flags(apart=flag_fns is not None)
         self._slots = [self._slot_view(i) for i in range(len(self.params))]
         self._ready = [False] * len(self.params)
         self._sync = True
@@ -97,6 +104,7 @@ class Reducer:
         self._callback_queued = False
         self._next = 0
         self._flags_handle: Handle | None = None
+        self.observer: Observer | None = None  # longboat.trace: timeline and stall inspector
         self._hooks = [
             p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
             for i, p in enumerate(self.params)
@@ -104,10 +112,10 @@ class Reducer:
 
     # -- set-up -------------------------------------------------------------------------------
 
-    def _make_flags(self) -> tuple[torch.Tensor, bool]:
+    def _make_flags(self, apart: bool) -> tuple[torch.Tensor, bool]:
         last = self._buckets[-1]
         n = len(self.params)
-        if last.buffer.dtype in _FLAG_DTYPES:
+        if last.buffer.dtype in _FLAG_DTYPES and not apart:
             last.grow(n)
             return last.buffer[last.numel :], False
         return torch.zeros(n, dtype=torch.float32, device=last.buffer.device), True
@@ -125,6 +133,17 @@ class Reducer:
     def bucket_members(self) -> list[list[str]]:
         """Parameter names per bucket, in launch order."""
         return [[self.names[i] for i in b.members] for b in self._buckets]
+
+    def bucket_layouts(self) -> list[tuple[torch.Tensor, list[tuple[int, torch.Size]]]]:
+        """Each bucket's buffer with its parameters' ``(offset, shape)``, in launch order.
+
+        Compressors that treat each gradient as a matrix (PowerSGD, DGC) read this once.
+        """
+        layouts = []
+        for b in self._buckets:
+            shapes = [self.params[i].shape for i in b.members]
+            layouts.append((b.buffer, list(zip(b.offsets, shapes, strict=True))))
+        return layouts
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
@@ -196,6 +215,8 @@ class Reducer:
         bucket = self._buckets[self._where[i][0]]
         bucket.pending -= 1
         if bucket.pending == 0:
+            if self.observer is not None:
+                self.observer.bucket_ready(bucket.index)
             self._launch_in_order()
 
     def _launch_in_order(self) -> None:
@@ -206,11 +227,15 @@ class Reducer:
     def _launch(self, bucket: _Bucket) -> None:
         fn = self._fns[bucket.comm]
         bucket.handle = fn(bucket.buffer)
+        if self.observer is not None:
+            self.observer.launched(bucket.index, bucket.comm, bucket.buffer, bucket.handle)
         if self._flags_handle_separate and bucket.index == len(self._buckets) - 1:
-            self._flags_handle = fn(self._flags)
+            self._flags_handle = self._flag_fns[bucket.comm](self._flags)
 
     def _finalize(self) -> None:
         """End of backward: launch the rest, wait, check usage, write averaged gradients."""
+        if self.observer is not None:
+            self.observer.backward_end()
         try:
             for i in range(len(self.params)):
                 if not self._ready[i]:
@@ -233,6 +258,8 @@ class Reducer:
             self._write_back(used_on)
         finally:
             self._prepared = False
+            if self.observer is not None:
+                self.observer.synced()
 
     def _raise_if_unused(self, used_on: list[int]) -> None:
         missing = [i for i, n in enumerate(used_on) if n < self.world_size]

@@ -29,9 +29,12 @@ class BackgroundAllreduce:
         self._thread = threading.Thread(target=self._run, name=f"longboat-{name}", daemon=True)
         self._thread.start()
 
-    def __call__(self, tensor: torch.Tensor) -> Future:
+    def __call__(
+        self, tensor: torch.Tensor, fn: Callable[[torch.Tensor], None] | None = None
+    ) -> Future:
+        """Queue ``fn(tensor)`` (default: this allreduce's ``fn``) behind earlier calls."""
         future: Future = Future()
-        self._queue.put((tensor, future))
+        self._queue.put((tensor, fn or self._fn, future))
         return future
 
     def close(self) -> None:
@@ -44,9 +47,9 @@ class BackgroundAllreduce:
             item = self._queue.get()
             if item is _STOP:
                 return
-            tensor, future = item
+            tensor, fn, future = item
             try:
-                self._fn(tensor)
+                fn(tensor)
             except BaseException as exc:  # noqa: BLE001 - delivered to the waiter
                 future.set_exception(exc)
             else:
@@ -92,6 +95,10 @@ class AsyncAllreduce(Generic[State]):
         if self._check is not None:
             self._check(tensor)
         return FutureHandle(self._background(tensor))
+
+    def submit(self, fn: Callable[[torch.Tensor], None], tensor: torch.Tensor) -> FutureHandle:
+        """Run another blocking ``fn(tensor)`` in the same order as the allreduces."""
+        return FutureHandle(self._background(tensor, fn))
 
     def close(self) -> None:
         """Finish queued allreduces, then stop the worker thread."""

@@ -46,12 +46,14 @@ class SerialAllreduce:
         self._fn = fn
         self._tail: Future | None = None
 
-    def __call__(self, tensor: torch.Tensor) -> Future:
+    def __call__(self, tensor: torch.Tensor, fn: AllreduceFn | None = None) -> Future:
+        """Start ``fn(tensor)`` (default: the wrapped allreduce) after the previous one."""
         result: Future = Future()
+        run = fn or self._fn
 
         def start(_: object = None) -> None:
             try:
-                source = _future_of(self._fn(tensor))
+                source = _future_of(run(tensor))
             except BaseException as exc:  # noqa: BLE001
                 result.set_exception(exc)
                 return

@@ -26,11 +26,11 @@ from longboat.strategy.values import (
     FloatList,
     Int,
     KeySpec,
+    OptionalPath,
     StrList,
 )
 
 TRAINING_OPT = "training optimisations"
-PS_MODE = "parameter-server mode"
 
 _TORCH_COMPILE = "torch.compile of the model (its graph fuser fuses such ops)"
 
@@ -78,6 +78,24 @@ DGC_CONFIGS = Config(
             [0.999],
             "sparsity schedule during ramp-up (fraction of gradient entries dropped)",
         ),
+        KeySpec(
+            "min_numel",
+            Int(1),
+            16384,
+            "tensors with fewer elements are sent dense, not sparsified (longboat's key)",
+        ),
+    )
+)
+POWERSGD_CONFIGS = Config(
+    (
+        KeySpec("rank", Int(1), 1, "rank of the low-rank approximation of each gradient matrix"),
+        KeySpec("start_step", Int(0), 10, "plain allreduces before compression starts (warm-up)"),
+        KeySpec("warm_start", Bool(), True, "reuse last step's Q instead of a fresh random one"),
+        KeySpec("error_feedback", Bool(), True, "carry what compression lost into the next step"),
+        KeySpec(
+            "min_compression_bytes", Int(0), 64 << 10, "buckets smaller than this go uncompressed"
+        ),
+        KeySpec("seed", Int(0), 0, "seed of the initial Q (the same on every rank)"),
     )
 )
 LARS_CONFIGS = Config(
@@ -96,7 +114,13 @@ LAMB_CONFIGS = Config(
 )
 A_SYNC_CONFIGS = Config(
     (
-        KeySpec("k_steps", Int(-1), -1, "-1 async, 0 sync, >0 geo-SGD every k steps"),
+        KeySpec(
+            "k_steps",
+            Int(-1),
+            -1,
+            "with a_sync=True: -1 or 0 async (half-async with use_thread_barrier), "
+            ">0 geo-SGD every k steps; with a_sync=False: sync",
+        ),
         KeySpec("max_merge_var_num", Int(1), 1, "gradients merged into one send"),
         KeySpec("send_queue_size", Int(1), 16, "per-variable send queue length"),
         KeySpec("independent_recv_thread", Bool(), False, "receive on a dedicated thread"),
@@ -106,6 +130,13 @@ A_SYNC_CONFIGS = Config(
         KeySpec("runtime_split_send_recv", Bool(), False, "split variables at run time"),
         KeySpec("launch_barrier", Bool(), True, "trainers wait for servers at start"),
         KeySpec("lr_decay_steps", Int(1), 10, "steps between learning-rate decays on servers"),
+        KeySpec(
+            "update_on_server",
+            Bool(),
+            True,
+            "MXNet's update_on_kvstore: the optimizer runs on the servers (True) or the servers "
+            "only average gradients and trainers run it (False, sync mode; longboat's key)",
+        ),
     )
 )
 
@@ -116,22 +147,24 @@ _SPECS: tuple[FieldSpec, ...] = (
         Choice(("collective", "ps")),
         "collective",
         "training mode: allreduce between equal trainers, or parameter servers",
-        implemented(),
-        value_status=(("ps", planned("parameter-server training", PS_MODE)),),
+        implemented("'ps': longboat.ps (gRPC servers, see docs/ps.md)"),
     ),
     FieldSpec(
         "a_sync",
         Bool(),
         True,
         "asynchronous parameter updates in parameter-server mode",
-        implemented("ignored in collective mode: only parameter-server mode (planned) reads it"),
+        implemented("ignored in collective mode; in mode='ps': False sync, True async/geo"),
     ),
     FieldSpec(
         "a_sync_configs",
         A_SYNC_CONFIGS,
         None,
         "parameter-server communicator settings (needs mode='ps')",
-        planned("parameter-server communicator tuning", PS_MODE),
+        implemented(
+            "read: k_steps, max_merge_var_num, send_queue_size, send_wait_times, "
+            "update_on_server; the others are accepted and have no effect"
+        ),
     ),
     FieldSpec(
         "auto",
@@ -309,14 +342,14 @@ _SPECS: tuple[FieldSpec, ...] = (
         Bool(),
         False,
         "deep gradient compression: communicate only the largest gradient entries",
-        planned("deep gradient compression", TRAINING_OPT),
+        implemented(),
     ),
     FieldSpec(
         "dgc_configs",
         DGC_CONFIGS,
         None,
         "deep-gradient-compression settings",
-        planned("deep gradient compression", TRAINING_OPT),
+        implemented(),
     ),
     FieldSpec(
         "lars",
@@ -354,6 +387,45 @@ _SPECS: tuple[FieldSpec, ...] = (
         implemented(
             "buckets cast to float16 for the allreduce, cast back; divided before, so no overflow"
         ),
+    ),
+    FieldSpec(
+        "gradient_compression",
+        Choice(("none", "fp16", "bf16", "powersgd")),
+        "none",
+        "how gradient buckets are compressed for the allreduce: not at all, cast to float16 or "
+        "bfloat16 (half the bytes), or PowerSGD's low-rank approximation with error feedback",
+        implemented("fp16_allreduce=True is the same as 'fp16'; DGC is selected by dgc=True"),
+    ),
+    FieldSpec(
+        "powersgd_configs",
+        POWERSGD_CONFIGS,
+        None,
+        "PowerSGD settings (with gradient_compression='powersgd')",
+        implemented(),
+    ),
+    FieldSpec(
+        "timeline",
+        OptionalPath(),
+        None,
+        "record a Chrome-trace timeline of every rank (forward, backward, each allreduce on "
+        "its communicator, optimizer, data waits) into this file; view it in Perfetto or with "
+        "`longboat timeline`",
+        implemented("per-rank files trace.rank<r>.json, merged into the file by rank 0 at exit"),
+    ),
+    FieldSpec(
+        "stall_warning_seconds",
+        Float(0),
+        60.0,
+        "warn when a rank has waited this long for an allreduce, naming the ranks that have not "
+        "arrived and the tensors they are missing (0: inspector off)",
+        implemented(),
+    ),
+    FieldSpec(
+        "stall_shutdown_seconds",
+        Float(0),
+        0.0,
+        "abort the job (exit status 70) when a wait lasts this long (0: never)",
+        implemented(),
     ),
     # ---- BuildStrategy ------------------------------------------------------------------
     FieldSpec(
@@ -472,7 +544,7 @@ _SPECS: tuple[FieldSpec, ...] = (
         Bool(),
         False,
         "trainer threads wait on a barrier (parameter-server mode)",
-        planned("parameter-server thread barriers", PS_MODE),
+        mapped("a per-step barrier of all trainers on the servers (half-async mode)"),
         group="ExecutionStrategy",
     ),
 )
@@ -517,6 +589,32 @@ CONFLICTS: tuple[Conflict, ...] = (
     both_on("dgc", "lars", "DGC is built on momentum SGD and cannot wrap the LARS optimizer"),
     both_on("dgc", "lamb", "DGC is built on momentum SGD and cannot wrap the LAMB optimizer"),
     both_on("dgc", "localsgd", "DGC compresses every step's gradients; local SGD skips them"),
+    both_on(
+        "dgc",
+        "adaptive_localsgd",
+        "DGC compresses every step's gradients; adaptive local SGD skips them",
+    ),
+    Conflict(
+        "dgc",
+        "gradient_compression",
+        lambda v: v["dgc"] is True and v["gradient_compression"] != "none",
+        "DGC is itself the gradient compressor; set gradient_compression='none' or dgc=False",
+        "dgc True and gradient_compression not 'none'",
+    ),
+    Conflict(
+        "fp16_allreduce",
+        "gradient_compression",
+        lambda v: v["fp16_allreduce"] is True and v["gradient_compression"] not in ("none", "fp16"),
+        "fp16_allreduce=True selects the fp16 compressor; it cannot also be another one",
+        "fp16_allreduce True and gradient_compression not 'none'/'fp16'",
+    ),
+    Conflict(
+        "localsgd",
+        "gradient_compression",
+        lambda v: (v["localsgd"] or v["adaptive_localsgd"]) and v["gradient_compression"] != "none",
+        "local SGD averages parameters, not gradients: there is no gradient allreduce to compress",
+        "localsgd or adaptive_localsgd True and gradient_compression not 'none'",
+    ),
     Conflict(
         "use_hierarchical_allreduce",
         "allreduce_algorithm",

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from longboat.comm.algorithms import AllreduceFn, Handle
-from longboat.comm.background import FutureHandle
+from longboat.comm.background import AsyncAllreduce, FutureHandle
 from longboat.registry import Registry
 
 CompressorFactory = Callable[[AllreduceFn, dist.ProcessGroup, Mapping[str, Any]], AllreduceFn]
@@ -126,5 +126,58 @@ def close_inner(inner: AllreduceFn) -> None:
         close()
 
 
+class _State(Protocol):
+    """A blocking compressor core that a :class:`ThreadedCompressor` runs."""
+
+    inner: AllreduceFn
+    stats: CompressorStats
+    world_size: int
+
+    def __call__(self, tensor: torch.Tensor) -> None: ...
+
+    def set_layout(self, bucket: torch.Tensor, layout: Any) -> None: ...
+
+    def residual(self, tensor: torch.Tensor) -> torch.Tensor | None: ...
+
+
+class ThreadedCompressor:
+    """A blocking compressor core run in call order on one worker thread (an AllreduceFn).
+
+    ``exact(tensor)`` queues a plain, uncompressed allreduce on the same thread, in order:
+    the reducer sends its used-parameter flags that way (a lossy compressor must not touch
+    them, and a second thread on the same group would break the collective order).
+    """
+
+    def __init__(self, state: _State, name: str):
+        self.state = state
+        self.stats = state.stats
+        self._async = AsyncAllreduce(state, name)
+
+    def __call__(self, tensor: torch.Tensor) -> Handle:
+        return self._async(tensor)
+
+    def exact(self, tensor: torch.Tensor) -> Handle:
+        return self._async.submit(self._exact, tensor)
+
+    def _exact(self, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.stats.record(ring_bytes(nbytes, self.state.world_size), False)
+        self.state.inner(tensor).wait()
+
+    def set_layout(self, bucket: torch.Tensor, layout: Any) -> None:
+        """Where each parameter lies in ``bucket``: ``[(offset, shape), ...]``."""
+        self.state.set_layout(bucket, layout)
+
+    def residual(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """This rank's residual for bucket ``tensor``; call after its handle's ``wait()``."""
+        return self.state.residual(tensor)
+
+    def close(self) -> None:
+        """Finish queued work and stop the worker thread (call before destroying the group),
+        then close ``inner`` if it has a ``close()``."""
+        self._async.close()
+        close_inner(self.state.inner)
+
+
 def _load_builtin() -> None:
-    from longboat.comm.compress import cast, powersgd  # noqa: F401
+    from longboat.comm.compress import cast, dgc, powersgd  # noqa: F401

@@ -1,47 +1,51 @@
 """powersgd: rank-r PowerSGD with error feedback (Vogels et al., 2019).
 
-Each flat bucket of ``n`` elements is viewed as a ``rows × cols`` matrix (``rows =
-ceil(sqrt(n))``, ``cols = ceil(n / rows)``, zero-padded), and one step of power iteration
-replaces the allreduce of the matrix with two small ones::
+Each gradient is viewed as a matrix ``M`` and one step of power iteration replaces its
+allreduce by two small ones::
 
-    M_i = bucket_i + e_i                      (e_i: this rank's residual from last step)
+    M_i = grad_i + e_i                        (e_i: this rank's residual from last step)
     P   = Σ_i M_i Q           allreduce       (Q: cols × r, identical on every rank)
     P̂   = orthonormalise(P)                  (QR; plain normalisation when r = 1)
     Q   = Σ_i M_iᵀ P̂          allreduce
-    A   = P̂ Qᵀ = P̂ P̂ᵀ Σ_i M_i                 written back into the bucket
+    A   = P̂ Qᵀ = P̂ P̂ᵀ Σ_i M_i                 written back in place of the gradient
     e_i = M_i − A / N                         (so Σ_i e_i = Σ_i M_i − A: nothing is lost)
 
+Which matrices: when the bucket's layout is known (``set_layout``, which ``lb.distribute``
+calls with the reducer's buckets), every parameter of two or more dimensions whose rank-r
+factors are smaller than itself is its own ``shape[0] × rest`` matrix, as in torch's hook;
+the other parameters (biases, norms, small matrices) travel uncompressed in the same first
+allreduce as the P factors, so a compressed step is always exactly two allreduces. Without a
+layout the whole flat bucket is one padded ``ceil(sqrt(n)) × ceil(n / rows)`` matrix — fine
+for a single layer, but one low-rank approximation of a whole model mixes unrelated layers
+(with momentum SGD that diverges; per-parameter matrices track uncompressed training).
+
 Buckets hold ``grad / N`` already (the reducer divides before the allreduce), so both
-allreduces are plain sums and ``A`` approximates the average gradient directly; torch's hook
-instead allreduces undivided gradients and divides Q by N. The residual is kept in the same
-pre-divided units, per bucket. ``Q`` starts from a seeded normal draw (same seed and same call
-order on every rank, hence the same Q) and, with ``warm_start``, is reused the next step.
+allreduces are plain sums and ``A`` approximates the average gradient directly; the residual
+is kept in the same pre-divided units. ``Q`` starts from a seeded normal draw (same seed and
+same call order on every rank) and, with ``warm_start``, is reused the next step.
 
-Bytes per compressed step (this rank, ring model): ``(rows + cols)·r·itemsize·2(N−1)/N``;
-float16/bfloat16 buckets are compressed in float32 (itemsize 4).
-
-State is per bucket, keyed by the buffer (data pointer, size, dtype, device): pass the same
-buffer every step, as the reducer does. A bucket's first ``start_step`` calls are plain
-allreduces (warm-up). All work, compressed or not, runs on one worker thread in call order, so
-every rank issues its inner allreduces in the same order; the caller gets a handle at once.
+Bytes per compressed step (this rank, ring model): ``2(N−1)/N`` times the uncompressed
+entries plus ``Σ (rows + cols)·r`` factor entries, at the compute itemsize (float16/bfloat16
+buckets are compressed in float32). A bucket's first ``start_step`` calls are plain
+allreduces (warm-up). All work runs on one worker thread in call order, so every rank issues
+its inner allreduces in the same order; the caller gets a handle at once.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from longboat.comm.algorithms import AllreduceFn, Handle
-from longboat.comm.background import AsyncAllreduce
+from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.compress import (
     CompressorStats,
+    ThreadedCompressor,
     check_config,
-    close_inner,
     register_compressor,
     ring_bytes,
 )
@@ -56,29 +60,48 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _Key = tuple[int, int, torch.dtype, torch.device]
+Layout = Sequence[tuple[int, torch.Size]]  # (offset in the bucket, parameter shape)
+
+
+@dataclass
+class _Matrix:
+    """One compressed gradient: ``numel`` entries from ``offset``, seen as rows × cols."""
+
+    offset: int
+    numel: int
+    rows: int
+    cols: int
+    rank: int
+    q: torch.Tensor | None = None  # cols × rank
+
+    @property
+    def padded(self) -> bool:
+        return self.rows * self.cols != self.numel
 
 
 @dataclass
 class _BucketState:
-    """Per-bucket state: call count, matrix shape, work buffer, residual and Q."""
+    """Per bucket: its matrices, the uncompressed ranges, the residual and a call count."""
 
-    rows: int
-    cols: int
-    rank: int
-    matrix: torch.Tensor  # rows * cols, zero-padded work buffer in the compute dtype
-    error: torch.Tensor | None = None  # n elements, this rank's residual (pre-divided units)
-    q: torch.Tensor | None = None  # cols × rank
+    matrices: list[_Matrix]
+    dense: list[tuple[int, int]]  # (offset, numel) sent uncompressed
+    error: torch.Tensor | None = None  # bucket-sized residual, compute dtype
     steps: int = 0
+    pads: dict[int, torch.Tensor] = field(default_factory=dict)  # work buffers of padded ones
 
 
 def matrix_shape(numel: int) -> tuple[int, int]:
-    """``(rows, cols)`` of the padded matrix a bucket of ``numel`` elements is viewed as."""
+    """``(rows, cols)`` of the padded matrix a flat bucket of ``numel`` elements is viewed as."""
     rows = max(1, math.ceil(math.sqrt(numel)))
     return rows, max(1, math.ceil(numel / rows))
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=_compute_dtype(dtype)).element_size()
 
 
 def orthonormalise(x: torch.Tensor) -> torch.Tensor:
@@ -112,18 +135,61 @@ class PowerSGD:
         self.min_compression_bytes: int = cfg["min_compression_bytes"]
         self.stats = CompressorStats()
         self._generator = torch.Generator().manual_seed(cfg["seed"])
+        self._layouts: dict[_Key, Layout] = {}
         self._states: dict[_Key, _BucketState] = {}
 
     # -- policy -------------------------------------------------------------------------------
 
+    def set_layout(self, bucket: torch.Tensor, layout: Layout) -> None:
+        """Compress ``bucket`` per parameter: ``layout`` lists each one's (offset, shape)."""
+        self._layouts[self._key(bucket)] = list(layout)
+
+    def _plan(self, tensor: torch.Tensor) -> _BucketState:
+        layout = self._layouts.get(self._key(tensor))
+        if layout is None:  # one padded matrix for the whole flat bucket
+            rows, cols = matrix_shape(tensor.numel())
+            return _BucketState(
+                [_Matrix(0, tensor.numel(), rows, cols, min(self.rank, rows, cols))], []
+            )
+        matrices, dense = [], []
+        for offset, shape in layout:
+            numel = math.prod(shape)
+            rows = shape[0] if len(shape) >= 2 else 1
+            cols = numel // max(rows, 1)
+            r = min(self.rank, rows, cols)
+            if len(shape) >= 2 and (rows + cols) * r < numel:
+                matrices.append(_Matrix(offset, numel, rows, cols, r))
+            else:
+                dense.append((offset, numel))
+        covered = sum(m.numel for m in matrices) + sum(n for _, n in dense)
+        if covered < tensor.numel():  # trailing slots (e.g. flags): sent as they are
+            dense.append((covered, tensor.numel() - covered))
+        return _BucketState(matrices, dense)
+
+    def _state(self, tensor: torch.Tensor) -> _BucketState:
+        key = self._key(tensor)
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = self._plan(tensor)
+        return state
+
     def compressed_bytes(self, numel: int, dtype: torch.dtype) -> int:
-        """Bytes a compressed step of a ``numel``-element bucket sends (P and Q allreduces)."""
+        """Bytes a compressed step of a flat ``numel``-element bucket sends (no layout)."""
         rows, cols = matrix_shape(numel)
         r = min(self.rank, rows, cols)
-        itemsize = torch.empty((), dtype=_compute_dtype(dtype)).element_size()
-        return ring_bytes(rows * r * itemsize, self.world_size) + ring_bytes(
-            cols * r * itemsize, self.world_size
+        return self._bytes(0, rows * r, cols * r, dtype)
+
+    def _bytes(self, dense: int, p: int, q: int, dtype: torch.dtype) -> int:
+        size = _itemsize(dtype)
+        return ring_bytes((dense + p) * size, self.world_size) + ring_bytes(
+            q * size, self.world_size
         )
+
+    def _state_bytes(self, state: _BucketState, dtype: torch.dtype) -> int:
+        dense = sum(n for _, n in state.dense)
+        p = sum(m.rows * m.rank for m in state.matrices)
+        q = sum(m.cols * m.rank for m in state.matrices)
+        return self._bytes(dense, p, q, dtype)
 
     def compressible(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a float bucket large enough for compression to save bytes."""
@@ -132,7 +198,8 @@ class PowerSGD:
         nbytes = tensor.numel() * tensor.element_size()
         if nbytes == 0 or nbytes < self.min_compression_bytes:
             return False
-        return self.compressed_bytes(tensor.numel(), tensor.dtype) < ring_bytes(
+        state = self._state(tensor)
+        return bool(state.matrices) and self._state_bytes(state, tensor.dtype) < ring_bytes(
             nbytes, self.world_size
         )
 
@@ -153,7 +220,7 @@ class PowerSGD:
             )
             self.inner(tensor).wait()
             return
-        self.stats.record(self.compressed_bytes(tensor.numel(), tensor.dtype), True)
+        self.stats.record(self._state_bytes(state, tensor.dtype), True)
         flat = tensor.detach().reshape(-1)  # a view for contiguous buckets
         self._compress(flat, state)
         if flat.data_ptr() != tensor.data_ptr():
@@ -163,67 +230,65 @@ class PowerSGD:
     def _key(tensor: torch.Tensor) -> _Key:
         return (tensor.data_ptr(), tensor.numel(), tensor.dtype, tensor.device)
 
-    def _state(self, tensor: torch.Tensor) -> _BucketState:
-        key = self._key(tensor)
-        state = self._states.get(key)
-        if state is None:
-            rows, cols = matrix_shape(tensor.numel())
-            matrix = torch.zeros(
-                rows * cols, dtype=_compute_dtype(tensor.dtype), device=tensor.device
-            )
-            state = _BucketState(rows, cols, min(self.rank, rows, cols), matrix)
-            self._states[key] = state
-        return state
+    def _matrix(self, work: torch.Tensor, m: _Matrix, state: _BucketState) -> torch.Tensor:
+        """``m``'s entries of ``work`` as a rows × cols matrix (a zero-padded copy if needed)."""
+        entries = work[m.offset : m.offset + m.numel]
+        if not m.padded:
+            return entries.view(m.rows, m.cols)
+        pad = state.pads.get(m.offset)
+        if pad is None:
+            pad = state.pads[m.offset] = work.new_zeros(m.rows * m.cols)
+        pad[: m.numel].copy_(entries)
+        pad[m.numel :].zero_()
+        return pad.view(m.rows, m.cols)
 
     def _compress(self, flat: torch.Tensor, state: _BucketState) -> None:
-        n = flat.numel()
-        head = state.matrix[:n]
-        head.copy_(flat)
-        state.matrix[n:].zero_()  # the padding (last step's A is still there)
+        work = flat.to(_compute_dtype(flat.dtype), copy=True)  # M = grad (+ residual)
         if self.error_feedback:
             if state.error is None:
-                state.error = torch.zeros_like(head)
+                state.error = torch.zeros_like(work)
             else:
-                head.add_(state.error)
-            state.error.copy_(head)  # M_i; becomes M_i − A/N below
-        m = state.matrix.view(state.rows, state.cols)
-        if state.q is None or not self.warm_start:
-            q = torch.randn(state.cols, state.rank, generator=self._generator, dtype=m.dtype)
-            state.q = q.to(m.device)
-        q = orthonormalise(state.q)
-        p = torch.matmul(m, q)
-        self.inner(p).wait()
-        p = orthonormalise(p)
-        q = torch.matmul(m.t(), p)
-        self.inner(q).wait()
-        state.q = q
-        torch.matmul(p, q.t(), out=m)  # A, identical on every rank
-        flat.copy_(head)
+                work.add_(state.error)
+        mats = [self._matrix(work, m, state) for m in state.matrices]
+        for m, mat in zip(state.matrices, mats, strict=True):
+            if m.q is None or not self.warm_start:
+                q = torch.randn(m.cols, m.rank, generator=self._generator, dtype=mat.dtype)
+                m.q = q.to(mat.device)
+        dense = [work[o : o + n] for o, n in state.dense]
+        ps = [
+            torch.matmul(mat, orthonormalise(m.q))
+            for m, mat in zip(state.matrices, mats, strict=True)
+        ]  # type: ignore[arg-type]
+        first = torch.cat([*dense, *(p.reshape(-1) for p in ps)])
+        self.inner(first).wait()  # the uncompressed entries and every P, in one allreduce
+        at = 0
+        for d in dense:
+            d.copy_(first[at : at + d.numel()])
+            at += d.numel()
+        qs = []
+        for p, mat in zip(ps, mats, strict=True):
+            p_sum = orthonormalise(first[at : at + p.numel()].view_as(p))
+            at += p.numel()
+            qs.append((p_sum, torch.matmul(mat.t(), p_sum)))
+        second = torch.cat([q.reshape(-1) for _, q in qs])
+        self.inner(second).wait()
+        at = 0
+        for m, (p_hat, q) in zip(state.matrices, qs, strict=True):
+            m.q = second[at : at + q.numel()].view_as(q).clone()
+            at += q.numel()
+            approx = torch.matmul(p_hat, m.q.t()).reshape(-1)[: m.numel]
+            if self.error_feedback:
+                assert state.error is not None
+                error = state.error[m.offset : m.offset + m.numel]
+                error.copy_(work[m.offset : m.offset + m.numel]).sub_(
+                    approx, alpha=1 / self.world_size
+                )
+            work[m.offset : m.offset + m.numel].copy_(approx)
         if self.error_feedback:
             assert state.error is not None
-            state.error.sub_(head, alpha=1.0 / self.world_size)
-
-
-class PowerSGDCompressor:
-    """The AllreduceFn: ``PowerSGD`` run in call order on one worker thread."""
-
-    def __init__(self, inner: AllreduceFn, group: dist.ProcessGroup, config: Mapping[str, Any]):
-        self.state = PowerSGD(inner, group, config)
-        self.stats = self.state.stats
-        self._async = AsyncAllreduce(self.state, "powersgd")
-
-    def __call__(self, tensor: torch.Tensor) -> Handle:
-        return self._async(tensor)
-
-    def residual(self, tensor: torch.Tensor) -> torch.Tensor | None:
-        """This rank's residual for bucket ``tensor``; call after its handle's ``wait()``."""
-        return self.state.residual(tensor)
-
-    def close(self) -> None:
-        """Finish queued work and stop the worker thread (call before destroying the group),
-        then close ``inner`` if it has a ``close()``."""
-        self._async.close()
-        close_inner(self.state.inner)
+            for o, n in state.dense:
+                state.error[o : o + n].zero_()  # sent exactly: nothing left over
+        flat.copy_(work)
 
 
 @register_compressor("powersgd")
@@ -231,4 +296,4 @@ def make_powersgd(
     inner: AllreduceFn, group: dist.ProcessGroup, config: Mapping[str, Any]
 ) -> AllreduceFn:
     """PowerSGD over ``inner``; config keys and defaults in ``DEFAULTS``."""
-    return PowerSGDCompressor(inner, group, config)
+    return ThreadedCompressor(PowerSGD(inner, group, config), "powersgd")
