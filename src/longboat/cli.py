@@ -14,6 +14,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "longboat.launch.emulate",
         "emulate several nodes on this machine (network namespaces)",
     ),
+    "doctor": ("longboat.tools.doctor", "check this machine and cluster for distributed training"),
+    "bench": ("longboat.tools.bench", "benchmark allreduce (comm) or training throughput (train)"),
+    "timeline": ("longboat.tools.timeline_cli", "overlap statistics and picture of a trace"),
 }
 
 

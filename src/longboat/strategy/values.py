@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -192,6 +193,24 @@ class Choice(ValueType):
 
     def parse(self, text: str) -> str:
         return text.strip()
+
+
+@dataclass(frozen=True)
+class OptionalPath(ValueType):
+    """A file path (str or os.PathLike, stored as str), or None for off."""
+
+    short: str = "path or None"
+
+    def check(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
+        if not isinstance(value, str) or not value.strip():
+            raise Rejected("expected a non-empty path, or None")
+        return value
+
+    def parse(self, text: str) -> str | None:
+        return text.strip() or None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,456 @@
+"""`longboat bench train`: training throughput and scaling, longboat and torch DDP side by side.
+
+DLPerf's method: per rank count, every rank holds the same model twice, once under
+``lb.distribute`` and once under ``DistributedDataParallel``; warm-up steps are discarded, then
+timed rounds of ``--steps`` steps alternate between the two (order flipped every round, so
+machine noise hits both alike), and the median round gives the step time. Reported per system and
+rank count: samples/s (global batch / step time), speedup and scaling efficiency versus 1 rank,
+and the longboat/DDP step-time ratio (median of adjacent round pairs). With ``--data loader`` the
+batches come from a DataLoader over a synthetic dataset and the time spent waiting for them is
+measured: a run that waits for input for more than `INPUT_BOUND_FRACTION` of its step is flagged
+input-bound (more ranks will not make it faster; add loader workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+INPUT_BOUND_FRACTION = 0.1
+
+
+# ---- models --------------------------------------------------------------------------------------
+
+
+class _Block(nn.Module):
+    """ResNet basic block."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.short = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.short(x))
+
+
+def resnet(width: int = 16, classes: int = 10) -> nn.Module:
+    """A CIFAR-style ResNet (3 stages of 2 basic blocks) for 3x32x32 inputs."""
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, width, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+    ]
+    cin = width
+    for stage, cout in enumerate((width, 2 * width, 4 * width)):
+        for block in range(2):
+            layers.append(_Block(cin, cout, 2 if stage and not block else 1))
+            cin = cout
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
+
+
+class TinyTransformer(nn.Module):
+    """Token embedding, a pre-norm encoder and mean-pooled classification."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, classes: int = 10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        layer = nn.TransformerEncoderLayer(dim, 4, 4 * dim, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
+
+
+def mlp(widths: Sequence[int]) -> nn.Module:
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:], strict=False):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def convnet() -> nn.Module:
+    """A small VGG-style convnet for 3x32x32 inputs."""
+
+    def block(a: int, b: int) -> list[nn.Module]:
+        return [nn.Conv2d(a, b, 3, padding=1), nn.BatchNorm2d(b), nn.ReLU()]
+
+    return nn.Sequential(
+        *block(3, 32),
+        *block(32, 32),
+        nn.MaxPool2d(2),
+        *block(32, 64),
+        *block(64, 64),
+        nn.MaxPool2d(2),
+        *block(64, 128),
+        *block(128, 128),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(128, 10),
+    )
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A benchmark model: how to build it, one sample's input, its batch per rank."""
+
+    name: str
+    batch: int
+    kind: str  # "vector", "image" or "tokens"
+    arg: Any
+
+    def build(self) -> nn.Module:
+        torch.manual_seed(0)
+        if self.kind == "vector":
+            return mlp(self.arg)
+        if self.name.startswith("convnet"):
+            return convnet()
+        if self.kind == "image":
+            return resnet(self.arg)
+        vocab, dim, layers, _ = self.arg
+        return TinyTransformer(vocab, dim, layers)
+
+    def sample(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kind == "vector":
+            x = torch.randn(self.arg[0], generator=generator)
+        elif self.kind == "image":
+            x = torch.randn(3, 32, 32, generator=generator)
+        else:
+            vocab, _, _, seq = self.arg
+            x = torch.randint(0, vocab, (seq,), generator=generator)
+        return x, torch.randint(0, 10, (), generator=generator)
+
+
+MODELS: dict[str, ModelSpec] = {
+    "mlp": ModelSpec("mlp", 64, "vector", (512, 2048, 2048, 512, 10)),
+    "mlp-0.3M": ModelSpec("mlp-0.3M", 64, "vector", (256, 512, 256, 128, 10)),
+    "convnet": ModelSpec("convnet", 32, "image", None),
+    "resnet": ModelSpec("resnet", 32, "image", 16),
+    "transformer": ModelSpec("transformer", 16, "tokens", (1000, 128, 2, 64)),
+    # tiny variants: end-to-end tests and quick checks
+    "mlp-tiny": ModelSpec("mlp-tiny", 8, "vector", (16, 32, 10)),
+    "resnet-tiny": ModelSpec("resnet-tiny", 4, "image", 4),
+    "transformer-tiny": ModelSpec("transformer-tiny", 4, "tokens", (50, 16, 1, 8)),
+}
+
+
+class SyntheticDataset(torch.utils.data.Dataset):
+    """Random samples made on access (the cost a real pipeline's decoding would have)."""
+
+    def __init__(self, spec: ModelSpec, length: int, seed: int):
+        self.spec, self.length, self.seed = spec, length, seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.spec.sample(torch.Generator().manual_seed(self.seed * 1_000_003 + i))
+
+
+# ---- one rank's measurement ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str
+    warmup: int
+    steps: int
+    rounds: int
+    data: str  # "memory" or "loader"
+    workers: int
+    strategy: dict[str, Any]
+
+
+def _batches(spec: ModelSpec, config: Config, rank: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    if config.data == "memory":
+        x, y = zip(
+            *(spec.sample(torch.Generator().manual_seed(i)) for i in range(spec.batch)), strict=True
+        )  # noqa: E501
+        batch = (torch.stack(x), torch.stack(y))
+        while True:
+            yield batch
+    total = spec.batch * (config.warmup + config.steps * config.rounds + 1)
+    loader = torch.utils.data.DataLoader(
+        SyntheticDataset(spec, total, seed=rank), batch_size=spec.batch, num_workers=config.workers
+    )
+    while True:
+        yield from loader
+
+
+def _round(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Iterator[tuple[torch.Tensor, ...]],
+    steps: int,
+) -> tuple[float, float]:
+    """(seconds per step, seconds per step waiting for input) over ``steps`` steps."""
+    dist.barrier()
+    waited = 0.0
+    start = time.perf_counter()
+    for _ in range(steps):
+        t = time.perf_counter()
+        x, y = next(batches)
+        waited += time.perf_counter() - t
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    dist.barrier()
+    return (time.perf_counter() - start) / steps, waited / steps
+
+
+def rank_main(config: Config) -> dict[str, Any] | None:
+    """Every rank: time longboat and DDP in alternating rounds; rank 0 returns the samples."""
+    import longboat as lb
+
+    lb.init()
+    torch.set_num_threads(1)
+    spec = MODELS[config.model]
+    systems: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
+    ours = spec.build()
+    systems["longboat"] = lb.distribute(
+        ours,
+        torch.optim.SGD(ours.parameters(), lr=0.01, momentum=0.9),
+        lb.Strategy(**config.strategy),
+    )  # type: ignore[assignment]
+    theirs = spec.build()
+    systems["ddp"] = (
+        nn.parallel.DistributedDataParallel(theirs),
+        torch.optim.SGD(theirs.parameters(), lr=0.01, momentum=0.9),
+    )
+    batches = {name: _batches(spec, config, lb.rank()) for name in systems}
+    for name, (model, opt) in systems.items():
+        if config.warmup:
+            _round(model, opt, batches[name], config.warmup)  # discarded
+    out: dict[str, Any] = {name: {"step_s": [], "data_s": []} for name in systems}
+    order = list(systems)
+    for r in range(config.rounds):
+        for name in order if r % 2 == 0 else reversed(order):
+            step, data = _round(*systems[name], batches[name], config.steps)
+            out[name]["step_s"].append(step)
+            out[name]["data_s"].append(data)
+    if lb.rank() != 0:
+        return None
+    params = sum(p.numel() for p in ours.parameters())
+    return {"params": params, "batch_per_rank": spec.batch, "world_size": lb.world_size(), **out}
+
+
+# ---- the matrix of rank counts, and reporting ------------------------------------------------------
+
+
+def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows per (system, nproc): samples/s, speedup and efficiency vs 1 rank (None without a
+    1-rank run), input-boundness and the longboat/DDP ratio."""
+    rows = []
+    base: dict[str, float] = {}
+    for nproc in sorted(raw):
+        r = raw[nproc]
+        ratios = sorted(
+            a / b for a, b in zip(r["longboat"]["step_s"], r["ddp"]["step_s"], strict=True)
+        )
+        ratio = statistics.median(ratios)
+        q1, q3 = statistics.quantiles(ratios, n=4)[::2] if len(ratios) > 1 else (ratio, ratio)
+        for system in ("longboat", "ddp"):
+            step = statistics.median(r[system]["step_s"])
+            data = statistics.median(r[system]["data_s"])
+            throughput = r["batch_per_rank"] * nproc / step
+            if nproc == 1:
+                base[system] = throughput
+            speedup = throughput / base[system] if system in base else None  # needs a 1-rank run
+            rows.append(
+                {
+                    "system": system,
+                    "nproc": nproc,
+                    "step_ms": step * 1e3,
+                    "samples_per_s": throughput,
+                    "speedup": speedup,
+                    "efficiency": speedup / nproc if speedup is not None else None,
+                    "data_fraction": data / step,
+                    "input_bound": data / step > INPUT_BOUND_FRACTION,
+                    "longboat_over_ddp": ratio,
+                    "longboat_over_ddp_p25_p75": [q1, q3],
+                    "params": r["params"],
+                    "batch_per_rank": r["batch_per_rank"],
+                    "rounds": len(r[system]["step_s"]),
+                }
+            )
+    return rows
+
+
+def _ratio(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"bench train: {model} ({rows[0]['params'] / 1e6:.2f} M params, batch {rows[0]['batch_per_rank']}/rank)"
+    )  # noqa: E501
+    for column in (
+        "system",
+        "ranks",
+        "step ms",
+        "samples/s",
+        "speedup",
+        "efficiency",
+        "input wait",
+        "longboat/DDP",
+    ):  # noqa: E501
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(
+            r["system"],
+            str(r["nproc"]),
+            f"{r['step_ms']:.2f}",
+            f"{r['samples_per_s']:.1f}",
+            _ratio(r["speedup"], "{:.2f}x"),
+            _ratio(r["efficiency"], "{:.0%}"),
+            f"{r['data_fraction']:.0%}" + (" INPUT-BOUND" if r["input_bound"] else ""),
+            f"{r['longboat_over_ddp']:.3f}",
+        )
+    console = Console()
+    console.width = max(console.width, 110)
+    console.print(table)
+
+
+def markdown(model: str, rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| model | system | ranks | step ms | samples/s | speedup | efficiency | input wait | longboat/DDP |",  # noqa: E501
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        flag = " (input-bound)" if r["input_bound"] else ""
+        lines.append(
+            f"| {model} | {r['system']} | {r['nproc']} | {r['step_ms']:.2f} | {r['samples_per_s']:.1f} "
+            f"| {_ratio(r['speedup'], '{:.2f}x')} | {_ratio(r['efficiency'], '{:.0%}')} "
+            f"| {r['data_fraction']:.0%}{flag} "
+            f"| {r['longboat_over_ddp']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, list[dict[str, Any]]], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.5), squeeze=False)
+    for ax, (model, rows) in zip(axes[0], results.items(), strict=True):
+        for system, style in (("longboat", "o-"), ("ddp", "s--")):
+            mine = [r for r in rows if r["system"] == system]
+            ax.plot(
+                [r["nproc"] for r in mine], [r["samples_per_s"] for r in mine], style, label=system
+            )  # noqa: E501
+        ax.set_title(model)
+        ax.set_xlabel("ranks")
+        ax.set_ylabel("samples/s")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def run_model(config: Config, nprocs: Sequence[int]) -> list[dict[str, Any]]:
+    """Launch each rank count (local ranks), or measure in place under a launcher."""
+    if "RANK" in os.environ:
+        result = rank_main(config)
+        return summarise({int(os.environ["WORLD_SIZE"]): result}) if result else []
+    from longboat.launch.local import launch_local
+
+    raw = {n: launch_local(rank_main, (config,), nproc=n, timeout=3600)[0] for n in nprocs}
+    return summarise(raw)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default="mlp", help=f"comma list of {', '.join(MODELS)} (default mlp)"
+    )
+    p.add_argument("--nproc", default="1,2", help="rank counts to run (default 1,2)")
+    p.add_argument("--strategy", default=None, help="Strategy YAML/JSON file for longboat's side")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a Strategy field for longboat's side (YAML value), repeatable",
+    )
+    p.add_argument("--warmup", type=int, default=5, help="discarded warm-up steps (default 5)")
+    p.add_argument("--steps", type=int, default=10, help="steps per timed round (default 10)")
+    p.add_argument("--rounds", type=int, default=7, help="timed rounds per system (default 7)")
+    p.add_argument(
+        "--data",
+        choices=("memory", "loader"),
+        default="memory",
+        help="input from one tensor in memory, or a DataLoader over synthetic samples",
+    )
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers with --data loader")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--png", default=None, metavar="FILE", help="also plot samples/s vs ranks")
+    p.add_argument("--markdown", action="store_true", help="print Markdown tables")
+
+
+def strategy_fields(path: str | None, sets: Sequence[str]) -> dict[str, Any]:
+    """Fields from ``--strategy FILE`` (non-default ones) and ``--set`` on top."""
+    import yaml
+
+    from longboat.strategy import Strategy
+
+    fields: dict[str, Any] = {}
+    if path:
+        loaded = Strategy.load(path)
+        fields = {k: v for k, v in loaded.to_dict().items() if loaded.source(k) != "default"}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE, e.g. nccl_comm_num=2")
+        fields[key] = yaml.safe_load(value)
+    Strategy(**fields)  # refuse bad fields here, before any rank starts
+    return fields
+
+
+def run(args: argparse.Namespace) -> int:
+    models = args.model.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        print(f"longboat bench train: unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
+        return 2
+    nprocs = sorted({int(n) for n in args.nproc.split(",")})
+    fields = strategy_fields(args.strategy, args.set)
+    results: dict[str, list[dict[str, Any]]] = {}
+    for model in models:
+        config = Config(
+            model, args.warmup, args.steps, args.rounds, args.data, args.workers, fields
+        )
+        rows = run_model(config, nprocs)
+        if not rows:
+            continue  # a non-zero rank under a launcher
+        results[model] = rows
+        print(markdown(model, rows)) if args.markdown else render(model, rows)
+    if results and args.json:
+        with open(args.json, "w") as f:
+            json.dump({"strategy": fields, "results": results}, f, indent=1)
+    if results and args.png:
+        plot(results, args.png)
+    return 0

@@ -1,0 +1,221 @@
+"""What the model, reducer and optimizer report while training: one object, two consumers.
+
+The `Observer` feeds the timeline `Recorder` (when ``Strategy.timeline`` is set) and the
+`StallWatch` (when ``stall_warning_seconds`` > 0). With both off, ``lb.distribute`` installs
+no observer and the hooks cost one ``is not None`` check each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing.util
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_leaves
+
+from longboat.trace.recorder import Recorder, comm_lane
+from longboat.trace.stall import StallWatch
+
+_current: Observer | None = None  # the last one installed: lb.trace.data() records into it
+_serial = itertools.count()  # lb.distribute calls, in the same order on every rank
+
+
+class Observer:
+    """Timeline recording and stall watching for one distributed model."""
+
+    def __init__(
+        self,
+        recorder: Recorder | None,
+        watch: StallWatch | None,
+        algorithm: str,
+    ):
+        self.recorder = recorder
+        self.watch = watch
+        self.algorithm = algorithm
+        self.step = 0
+        self._forward_start = 0.0
+        self._backward_start: float | None = None
+        self._backward_end = 0.0
+        self._lane_free: dict[int, float] = {}  # communicator -> when its last allreduce ended
+
+    # -- DistributedModel.forward -------------------------------------------------------------
+
+    def forward_begin(self) -> None:
+        self.step += 1
+        if self.recorder is not None:
+            self._forward_start = self.recorder.now()
+            self._backward_start = None
+
+    def forward_end(self, output: Any) -> None:
+        rec = self.recorder
+        if rec is None:
+            return
+        rec.complete("compute", "forward", self._forward_start, rec.now(), args={"step": self.step})
+        for t in tree_leaves(output):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(self._backward_began)
+                break
+
+    def _backward_began(self, grad: torch.Tensor) -> None:
+        if self._backward_start is None and self.recorder is not None:
+            self._backward_start = self.recorder.now()
+
+    # -- Reducer --------------------------------------------------------------------------------
+
+    def bucket_ready(self, bucket: int) -> None:
+        if self.recorder is not None:
+            self.recorder.instant("compute", f"bucket {bucket} ready", {"bucket": bucket})
+
+    def launched(self, bucket: int, comm: int, tensor: torch.Tensor, handle: Any) -> Any:
+        """A bucket's allreduce started on communicator ``comm``; returns the handle to keep."""
+        if self.watch is not None:
+            self.watch.launched(bucket, handle)
+        rec = self.recorder
+        if rec is None:
+            return handle
+        future = _future_of(handle)
+        if future is None:
+            return handle
+        launched = rec.now()
+        args = {
+            "bucket": bucket,
+            "bytes": tensor.numel() * tensor.element_size(),
+            "algorithm": self.algorithm,
+            "step": self.step,
+        }
+
+        def done(_: Any) -> None:
+            end = rec.now()
+            start = max(launched, self._lane_free.get(comm, launched))  # in order per comm
+            self._lane_free[comm] = end
+            rec.complete(comm_lane(comm), f"allreduce b{bucket}", start, end, "comm", args)
+
+        future.add_done_callback(done)
+        return handle
+
+    def backward_end(self) -> None:
+        """The autograd engine finished backward; the reducer now waits for its allreduces."""
+        if self.watch is not None:
+            self.watch.begin_wait()
+        rec = self.recorder
+        if rec is not None:
+            self._backward_end = rec.now()
+            start = self._backward_start or self._backward_end
+            rec.complete("compute", "backward", start, self._backward_end, args={"step": self.step})
+
+    def synced(self) -> None:
+        """Every allreduce of this backward finished (or failed)."""
+        if self.watch is not None:
+            self.watch.end_wait()
+        rec = self.recorder
+        if rec is not None:
+            rec.complete("compute", "wait allreduce", self._backward_end, rec.now(), "wait")
+
+    # -- optimizer, data ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def optimizer_step(self) -> Iterator[None]:
+        if self.recorder is None:
+            yield
+            return
+        with self.recorder.span("optimizer", "optimizer step", "optimizer", step=self.step):
+            yield
+
+    def close(self) -> None:
+        """Stop the stall thread and write the timeline (idempotent)."""
+        if self.watch is not None:
+            self.watch.close()
+        if self.recorder is not None:
+            self.recorder.save()
+
+
+def _future_of(handle: Any) -> torch.futures.Future | None:
+    if isinstance(handle, torch.futures.Future):
+        return handle
+    get_future = getattr(handle, "get_future", None)
+    if get_future is None:
+        return None
+    try:
+        return get_future()
+    except RuntimeError:  # e.g. a backend work without future support
+        return None
+
+
+class _ObservedStep:
+    """Mixin: ``optimizer.step`` recorded on the optimizer lane."""
+
+    _lb_observer: Observer
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lb_observer.optimizer_step():
+            return super().step(*args, **kwargs)  # type: ignore[misc]
+
+
+def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -> Any:
+    """Install an observer on ``model`` (a DistributedModel) as ``strategy`` asks; returns the
+    optimizer (its class extended to record steps when the timeline is on)."""
+    global _current
+    timeline = strategy.timeline
+    warning = float(strategy.stall_warning_seconds)
+    serial = next(_serial)
+    if not timeline and warning <= 0:
+        return optimizer
+    rank, world = dist.get_rank(), dist.get_world_size()
+    reducer = model.reducer
+    recorder = Recorder(timeline, rank, world, int(strategy.nccl_comm_num)) if timeline else None
+    watch = None
+    if warning > 0 and world > 1:
+        watch = StallWatch(
+            dist.distributed_c10d._get_default_store(),
+            str(serial),
+            rank,
+            world,
+            reducer.bucket_members(),
+            warning,
+            float(strategy.stall_shutdown_seconds),
+        )
+    if recorder is None and watch is None:
+        return optimizer
+    algorithm = (
+        "hierarchical" if strategy.use_hierarchical_allreduce else strategy.allreduce_algorithm
+    )
+    if strategy.fp16_allreduce:
+        algorithm += "+fp16"
+    observer = Observer(recorder, watch, algorithm)
+    reducer.observer = observer
+    _current = observer
+    # run at exit, also in multiprocessing children (which skip atexit handlers)
+    multiprocessing.util.Finalize(observer, observer.close, exitpriority=20)
+    if recorder is not None and optimizer is not None:
+        base = type(optimizer)
+        optimizer.__class__ = type(f"Traced{base.__name__}", (_ObservedStep, base), {})
+        optimizer._lb_observer = observer  # type: ignore[attr-defined]
+    return optimizer
+
+
+def data(loader: Iterable[Any], name: str = "next batch") -> Iterator[Any]:
+    """Iterate ``loader``, recording each wait for the next batch on the ``data`` lane.
+
+    With no timeline recording, batches pass straight through.
+    """
+    it = iter(loader)
+    while True:
+        rec = _current.recorder if _current is not None else None
+        start = rec.now() if rec is not None else 0.0
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        if rec is not None:
+            rec.complete("data", name, start, rec.now(), "data")
+        yield batch
+
+
+def save() -> None:
+    """Write the timeline now (normally done at exit)."""
+    if _current is not None:
+        _current.close()

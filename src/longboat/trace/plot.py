@@ -1,0 +1,106 @@
+"""The overlap picture (seed 000's figure): per rank, one row for compute and one per communicator."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from longboat.trace.stats import rank_stats
+
+_COLOURS = {
+    "forward": "#4c72b0",
+    "backward": "#55a868",
+    "optimizer": "#8172b2",
+    "data": "#937860",
+    "wait": "#c44e52",
+    "comm": "#dd8452",
+}
+
+
+def _colour(lane: str, event: dict[str, Any]) -> str:
+    if lane.startswith("comm"):
+        return _COLOURS["comm"]
+    if event.get("cat") == "wait":
+        return _COLOURS["wait"]
+    return _COLOURS.get(event.get("name", ""), _COLOURS.get(lane, "#999999"))
+
+
+def plot(
+    events: Sequence[dict[str, Any]],
+    out: str | os.PathLike[str],
+    *,
+    last_steps: int | None = 3,
+    title: str = "",
+) -> Path:
+    """Draw the rows of every rank into a PNG at ``out``.
+
+    ``last_steps``: show only the last N steps of the run (the whole run when None), so that
+    individual buckets stay visible.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.patches import Patch
+
+    lane_of = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    by_row: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and lane_of.get((e["pid"], e["tid"]), "") not in ("ps",):
+            by_row[(e["pid"], e["tid"])].append(e)
+    start = _window_start(events, last_steps)
+    rows = sorted(k for k in by_row if any(x["ts"] + x.get("dur", 0) >= start for x in by_row[k]))
+    if not rows:
+        raise ValueError("the trace has no spans to draw: was the timeline recording any steps?")
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.6))
+    for y, key in enumerate(rows):
+        lane = lane_of[key]
+        for e in by_row[key]:
+            if e["ts"] + e.get("dur", 0) < start:
+                continue
+            x0 = (max(e["ts"], start) - start) / 1e3
+            ax.broken_barh(
+                [(x0, e.get("dur", 0) / 1e3)],
+                (y - 0.4, 0.8),
+                facecolor=_colour(lane, e),
+                edgecolor="white",
+                linewidth=0.6,
+            )
+    ax.set_yticks(range(len(rows)), [f"rank {p} {lane_of[(p, t)]}" for p, t in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    stats = rank_stats(events)
+    hidden = sum(s.hidden_ms for s in stats) / max(sum(s.comm_ms for s in stats), 1e-9)
+    ax.set_title(title or f"compute and communication per rank ({hidden:.0%} of comm hidden)")
+    ax.legend(
+        handles=[Patch(color=c, label=n) for n, c in _COLOURS.items()],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.18 if len(rows) > 4 else -0.3),
+        ncol=len(_COLOURS),
+        fontsize="small",
+    )
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _window_start(events: Sequence[dict[str, Any]], last_steps: int | None) -> float:
+    """Start time of the last ``last_steps`` forwards of rank 0's (or the first rank's) run."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    first = min((e["ts"] for e in spans), default=0.0)
+    if last_steps is None:
+        return first
+    pid = min((e["pid"] for e in spans), default=0)
+    forwards = sorted(e["ts"] for e in spans if e["pid"] == pid and e.get("name") == "forward")
+    if len(forwards) <= last_steps:
+        return first
+    return forwards[-last_steps]

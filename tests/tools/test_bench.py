@@ -1,0 +1,106 @@
+"""`longboat bench comm` and `longboat bench train` end to end at tiny sizes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from longboat.tools.bench import comm, train
+
+
+def _longboat(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "longboat", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_bench_comm_end_to_end(tmp_path: Path) -> None:
+    out = _longboat(
+        "comm", "--nproc", "2", "--sizes", "1K,8K", "--repeats", "2",
+        "--algorithms", "native,ring", "--json", str(tmp_path / "c.json"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["world_size"] == 2 and report["sizes"] == [1024, 8192]
+    assert set(report["results"]) == {"gloo", "native", "ring"}
+    for per_size in report["results"].values():
+        for size, r in per_size.items():
+            assert r["algbw_GBps"] == pytest.approx(int(size) / r["seconds"] / 1e9)
+            assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (2 - 1) / 2)
+    assert report["loopback_tcp_GBps"] > 0 and report["memcpy_GBps"] > 0
+    assert "busbw" in out.stdout and "loopback TCP stream limit" in out.stdout
+
+
+def test_size_parsing_and_algorithm_choice() -> None:
+    assert comm.parse_sizes("1K, 4M,256MB") == [1024, 4 << 20, 256 << 20]
+    with pytest.raises(ValueError, match="not a size"):
+        comm.parse_sizes("lots")
+    assert comm.busbw_factor(4) == 1.5
+    assert "shm" not in comm.usable_algorithms(None, nodes=2)
+    assert "hierarchical" not in comm.usable_algorithms(None, nodes=1)
+
+
+def test_bench_train_end_to_end(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text("nccl_comm_num: 2\n")
+    out = _longboat(
+        "train", "--model", "mlp-tiny", "--nproc", "1,2", "--warmup", "1", "--steps", "2",
+        "--rounds", "2", "--data", "loader", "--strategy", str(tmp_path / "s.yaml"),
+        "--json", str(tmp_path / "t.json"), "--png", str(tmp_path / "t.png"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["strategy"] == {"nccl_comm_num": 2}
+    rows = doc["results"]["mlp-tiny"]
+    assert [(r["system"], r["nproc"]) for r in rows] == [
+        ("longboat", 1), ("ddp", 1), ("longboat", 2), ("ddp", 2),
+    ]  # fmt: skip
+    for r in rows:
+        expected = r["batch_per_rank"] * r["nproc"] / r["step_ms"] * 1e3
+        assert r["samples_per_s"] == pytest.approx(expected)
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["nproc"])
+        assert r["data_fraction"] >= 0 and r["input_bound"] == (r["data_fraction"] > 0.1)
+        assert r["rounds"] == 2
+    assert rows[0]["speedup"] == pytest.approx(1.0)
+    assert (tmp_path / "t.png").stat().st_size > 0
+    assert "samples/s" in out.stdout
+
+
+def test_summary_speedup_and_input_bound_flag() -> None:
+    raw = {
+        1: {"params": 1, "batch_per_rank": 10, "world_size": 1,
+            "longboat": {"step_s": [0.1, 0.1], "data_s": [0.05, 0.05]},
+            "ddp": {"step_s": [0.1, 0.1], "data_s": [0.0, 0.0]}},
+        2: {"params": 1, "batch_per_rank": 10, "world_size": 2,
+            "longboat": {"step_s": [0.125, 0.125], "data_s": [0.0, 0.0]},
+            "ddp": {"step_s": [0.25, 0.25], "data_s": [0.0, 0.0]}},
+    }  # fmt: skip
+    rows = {(r["system"], r["nproc"]): r for r in train.summarise(raw)}
+    assert rows[("longboat", 2)]["speedup"] == pytest.approx(1.6)  # 160 vs 100 samples/s
+    assert rows[("longboat", 2)]["efficiency"] == pytest.approx(0.8)
+    assert rows[("ddp", 2)]["efficiency"] == pytest.approx(0.4)
+    assert rows[("longboat", 1)]["input_bound"] and not rows[("ddp", 1)]["input_bound"]
+    assert rows[("longboat", 2)]["longboat_over_ddp"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("name", ["resnet", "transformer", "resnet-tiny", "transformer-tiny"])
+def test_models_build_and_train_one_step(name: str) -> None:
+    spec = train.MODELS[name]
+    model = spec.build()
+    g = torch.Generator().manual_seed(0)
+    x, y = zip(*(spec.sample(g) for _ in range(2)), strict=True)
+    loss = torch.nn.functional.cross_entropy(model(torch.stack(x)), torch.stack(y))
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_bad_model_is_named() -> None:
+    out = _longboat("train", "--model", "vgg")
+    assert out.returncode == 2 and "unknown model(s) ['vgg']" in out.stdout

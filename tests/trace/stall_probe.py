@@ -1,0 +1,35 @@
+"""A 2-rank job in which rank 1 sleeps before its backward in step 2 (the stall).
+
+python -m longboat launch --nproc-per-node 2 tests/trace/stall_probe.py SLEEP WARN SHUTDOWN
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def train(sleep_s: float, warning_s: float, shutdown_s: float) -> None:
+    import longboat as lb
+
+    strategy = lb.Strategy(stall_warning_seconds=warning_s, stall_shutdown_seconds=shutdown_s)
+    lb.init(strategy)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    model, opt = lb.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
+    x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+    for step in range(3):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        if step == 1 and lb.rank() == 1:
+            time.sleep(sleep_s)  # rank 0 waits in the allreduce meanwhile
+        loss.backward()
+        opt.step()
+
+
+if __name__ == "__main__":
+    train(*(float(a) for a in sys.argv[1:4]))
