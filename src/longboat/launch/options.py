@@ -61,6 +61,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma list of device ids, one rank per device (pins each rank)",
     )
     procs.add_argument(
+        "-np",
+        "--num-proc",
+        dest="num_proc",
+        type=int,
+        default=None,
+        help="horovodrun's -np: total ranks (one host: --nproc-per-node; see -H)",
+    )
+    procs.add_argument(
+        "-H",
+        "--hosts",
+        dest="hosts",
+        default=None,
+        help="horovodrun's host list h1:slots,h2:slots (several hosts: --ips and equal slots; "
+        "run the same command on every host)",
+    )
+    procs.add_argument(
         "--servers",
         "--server-num",
         "--server_num",
@@ -132,6 +148,11 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
             f"({len(devices)} devices); give one of them"
         )
     nproc = a.nproc_per_node or len(devices) or 1
+    if a.num_proc is not None or a.hosts is not None:
+        nproc, host_ips = _horovodrun_hosts(a.num_proc, a.hosts, a.nproc_per_node)
+        if host_ips and a.ips:
+            raise LaunchOptionError("give the hosts once: -H or --ips, not both")
+        a.ips = a.ips or ",".join(host_ips) or None
     if nproc < 1:
         raise LaunchOptionError(f"--nproc-per-node must be >= 1, got {nproc}")
     ips = [h.strip() for h in a.ips.split(",") if h.strip()] if a.ips else []
@@ -186,6 +207,43 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
         workers=a.workers,
         timeout=a.timeout,
     )
+
+
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def _horovodrun_hosts(
+    num_proc: int | None, hosts: str | None, nproc_per_node: int | None
+) -> tuple[int, list[str]]:
+    """horovodrun's ``-np N -H h1:s1,h2:s2``: ranks per node, and the node list when the
+    hosts are not just this machine. Every host runs the same number of ranks."""
+    slots: list[tuple[str, int]] = []
+    for item in (hosts or "").split(","):
+        host, _, count = item.strip().partition(":")
+        if not host:
+            continue
+        if count and not count.isdigit():
+            raise LaunchOptionError(f"-H {hosts!r}: expected host:slots, e.g. localhost:2")
+        slots.append((host, int(count or 1)))
+    if hosts is not None and not slots:
+        raise LaunchOptionError(f"-H {hosts!r}: expected host:slots, e.g. localhost:2")
+    total = sum(n for _, n in slots) if slots else num_proc or 1
+    np_ = total if num_proc is None else num_proc
+    if np_ < 1 or np_ > total:
+        raise LaunchOptionError(f"-np {np_} must be between 1 and the {total} slots of -H {hosts}")
+    if nproc_per_node is not None and len(slots) <= 1 and nproc_per_node != np_:
+        raise LaunchOptionError(
+            f"-np {np_} disagrees with --nproc-per-node {nproc_per_node}; give one of them"
+        )
+    if len(slots) <= 1 or all(h in _LOCAL_HOSTS for h, _ in slots):
+        return np_, []
+    counts = {n for _, n in slots}
+    if len(counts) > 1 or np_ != total:
+        raise LaunchOptionError(
+            f"-np {np_} -H {hosts}: longboat runs the same number of ranks on every host; use "
+            "equal slots and -np equal to their sum"
+        )
+    return counts.pop(), [h for h, _ in slots]
 
 
 def _node_rank_from_ips(ips: list[str]) -> int:

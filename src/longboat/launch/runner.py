@@ -154,6 +154,10 @@ def _rank_env(spec: LaunchSpec, my_ip: str, ports: list[int]) -> dict[str, str]:
         env["LONGBOAT_CONFIG"] = spec.config
     if spec.servers:
         env["LONGBOAT_NUM_SERVERS"] = str(spec.servers)
+        if not (os.environ.get("LONGBOAT_PS_TOKEN") or os.environ.get("LONGBOAT_PS_TOKEN_FILE")):
+            from longboat.ps.auth import job_token_file  # a fresh token per job, 0600 file
+
+            env["LONGBOAT_PS_TOKEN_FILE"] = job_token_file(spec.log_dir)
     if spec.nnodes == 1:  # every endpoint is on this node: no exchange needed at start-up
         env["LONGBOAT_ALL_ENDPOINTS"] = ",".join(f"{my_ip}:{port}" for port in ports)
     return env

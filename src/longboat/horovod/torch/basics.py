@@ -1,0 +1,192 @@
+"""init / shutdown / who am I, and the ``*_built()`` / ``*_enabled()`` queries.
+
+``hvd.init()`` is ``lb.init()`` (the cluster from torchrun, ``longboat launch``, horovodrun's
+HOROVOD_* variables, Slurm or mpirun) plus this rank's negotiation thread. ``hvd.shutdown()``
+stops the thread after every rank reached it and forgets the Horovod state; the process group
+itself stays until ``lb.shutdown()`` or exit, so ``hvd.init()`` after ``hvd.shutdown()`` starts
+a fresh negotiation (new groups, empty caches, handle and name counters reset) at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import longboat.cluster as cluster
+from longboat.horovod.torch.negotiation import BARRIER, Controller, Request, Work
+
+log = logging.getLogger("longboat.horovod")
+
+_controller: Controller | None = None
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Join the job (idempotent). ``comm`` (an MPI communicator) is not supported."""
+    global _controller
+    if comm is not None:
+        raise NotImplementedError(
+            "hvd.init(comm=...) takes an MPI communicator; longboat runs without MPI. Call "
+            "hvd.init() and start the ranks with `longboat launch`, torchrun or mpirun"
+        )
+    if process_sets not in (None, [], "dynamic"):
+        raise NotImplementedError(
+            "process sets are not supported by longboat.horovod: every op runs on all ranks"
+        )
+    if _controller is not None:
+        return
+    info = cluster.init()
+    strategy = cluster.current_strategy()
+    algorithm = "native" if strategy is None else str(strategy.allreduce_algorithm)
+    _controller = Controller(info.rank, info.world_size, _timeout_s(), algorithm)
+    atexit.unregister(_close_at_exit)
+    atexit.register(_close_at_exit)  # runs before lb's own atexit shutdown (LIFO)
+
+
+def _close_at_exit() -> None:
+    """A script that never calls shutdown(): stop the thread before the groups go away."""
+    global _controller
+    ctl, _controller = _controller, None
+    if ctl is not None:
+        ctl.close(grace_s=1.0)
+
+
+def _timeout_s() -> float:
+    raw = os.environ.get("LONGBOAT_TIMEOUT", "")
+    return float(raw) if raw.strip() else cluster.DEFAULT_TIMEOUT_S
+
+
+def shutdown() -> None:
+    """Stop negotiating, once every rank has called shutdown(); safe to call twice."""
+    global _controller
+    ctl, _controller = _controller, None
+    if ctl is None:
+        return
+    if ctl.world > 1:
+        work = ctl.submit(Work(Request("longboat.shutdown", BARRIER), None))
+        if not work.done.wait(ctl.timeout_s) or work.error is not None:
+            log.warning(
+                "rank %d: hvd.shutdown() did not meet every other rank within %.0fs (%s); "
+                "stopping anyway",
+                ctl.rank,
+                ctl.timeout_s,
+                work.error or "timed out",
+            )
+    ctl.close()
+
+
+def is_initialized() -> bool:
+    """True between init() and shutdown()."""
+    return _controller is not None
+
+
+def controller() -> Controller:
+    """The running negotiation; ValueError (as Horovod raises) before init()."""
+    if _controller is None:
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+    return _controller
+
+
+def size() -> int:
+    """Number of ranks."""
+    return controller().world
+
+
+def rank() -> int:
+    """This process's global rank."""
+    return controller().rank
+
+
+def local_size() -> int:
+    """Number of ranks on this node."""
+    controller()
+    return len(cluster.topology().local_ranks())
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its node."""
+    ctl = controller()
+    return cluster.topology().local_ranks().index(ctl.rank)
+
+
+def cross_size() -> int:
+    """Number of nodes."""
+    controller()
+    return cluster.topology().nodes
+
+
+def cross_rank() -> int:
+    """This process's node index."""
+    controller()
+    return cluster.topology().node
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
+    controller()
+    return cluster.topology().is_homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    """False: there is no MPI underneath (Horovod raises before init; so does this)."""
+    controller()
+    return False
+
+
+def mpi_built(verbose: bool = False) -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def gloo_built(verbose: bool = False) -> bool:
+    return dist.is_available() and dist.is_gloo_available()
+
+
+def gloo_enabled() -> bool:
+    """True when the job's process group is Gloo's (before init: whether it would be)."""
+    if dist.is_available() and dist.is_initialized():
+        return str(dist.get_backend()) == "gloo"
+    return gloo_built() and not torch.cuda.is_available()
+
+
+def nccl_built(verbose: bool = False) -> int:
+    """NCCL's version as an int (e.g. 22005) when torch has it, else 0 (as Horovod)."""
+    if not (dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available()):
+        return 0
+    major, minor, patch = torch.cuda.nccl.version()
+    return major * 10000 + minor * 100 + patch
+
+
+def ddl_built(verbose: bool = False) -> bool:
+    return False
+
+
+def ccl_built(verbose: bool = False) -> bool:
+    return False
+
+
+def cuda_built(verbose: bool = False) -> bool:
+    return torch.version.cuda is not None
+
+
+def rocm_built(verbose: bool = False) -> bool:
+    return getattr(torch.version, "hip", None) is not None
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    raise NotImplementedError(
+        "Horovod's timeline is not part of longboat.horovod; profile with torch.profiler"
+    )
+
+
+def stop_timeline() -> None:
+    raise NotImplementedError(
+        "Horovod's timeline is not part of longboat.horovod; profile with torch.profiler"
+    )

@@ -1,0 +1,310 @@
+"""``hvd.DistributedOptimizer``: Horovod's optimizer wrapper on longboat's gradient reducer.
+
+Gradients are averaged by the same :class:`~longboat.collective.reducer.Reducer` that
+``lb.distribute`` installs: per-parameter hooks fill fused buckets (``fuse_grad_size_in_MB``,
+or ``HOROVOD_FUSION_THRESHOLD`` bytes; 0 turns fusion off) that are allreduced asynchronously
+while backward goes on, on ``nccl_comm_num`` communicators, optionally as float16
+(``compression=hvd.Compression.fp16``: the core's fp16 compressor). Bucket order is fixed by
+the parameter list, which is checked to be the same on every rank when the optimizer is built,
+so no per-step negotiation is needed.
+
+``backward_passes_per_step=k``: the first k-1 backward passes accumulate locally; the k-th
+reduces the accumulated sum. ``step()`` (unless inside ``skip_synchronize()``) first calls
+``synchronize()``, which, after fewer than k passes, reduces what has accumulated so far (as
+Horovod does). ``gradient_predivide_factor`` is accepted: the core always divides by the world
+size before summing, the overflow-safe end of Horovod's range, with the same average.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from longboat.collective.buckets import BucketPlan
+from longboat.collective.engine import _allreduce_fns, _build_reducer, _compression
+from longboat.collective.reducer import Reducer
+from longboat.comm.compress import make_compressor
+from longboat.comm.exchange import allgather_bytes
+from longboat.horovod.torch import basics
+from longboat.horovod.torch.compression import Compression, Compressor
+from longboat.horovod.torch.negotiation import MB, ReduceOp, env_float
+from longboat.horovod.torch.ops import Average, ProcessSet, Sum, global_process_set
+from longboat.strategy import Strategy
+
+_MORE_PASSES = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally."
+)
+_ZERO_GRAD_RACE = (
+    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+    "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+)
+
+
+class _DistributedOptimizer:
+    """Mixin put in front of the user's optimizer class (the object keeps its identity)."""
+
+    _hvd_reducer: Reducer
+    _hvd_passes: int
+    _hvd_in_pass: bool
+    _hvd_divisor: float
+    _hvd_should_sync: bool
+    _hvd_synchronized: bool
+    backward_passes_per_step: int
+
+    def _hvd_hook(self, name: str, sparse_as_dense: bool, param: torch.Tensor) -> None:
+        grad = param.grad
+        if grad is not None and grad.is_sparse:
+            if not sparse_as_dense:
+                raise ValueError(
+                    f"parameter {name!r} has a sparse gradient; longboat.horovod reduces dense "
+                    "gradients: pass hvd.DistributedOptimizer(..., sparse_as_dense=True)"
+                )
+            param.grad = grad.to_dense()
+        if self._hvd_in_pass:
+            return
+        if self._hvd_passes >= self.backward_passes_per_step:
+            raise AssertionError(_MORE_PASSES)
+        self._hvd_in_pass = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._hvd_end_pass)
+        last = self._hvd_passes + 1 == self.backward_passes_per_step
+        self._hvd_reducer.prepare(sync=last, divisor=self._hvd_divisor)
+
+    def _hvd_end_pass(self) -> None:
+        self._hvd_passes += 1
+        self._hvd_in_pass = False
+
+    def synchronize(self) -> None:
+        """Finish gradient averaging now; after fewer than k passes, reduce what accumulated."""
+        if 0 < self._hvd_passes < self.backward_passes_per_step:
+            reducer = self._hvd_reducer
+            reducer.prepare(sync=True, divisor=self._hvd_divisor)
+            reducer.mark_unused(range(len(reducer.params)))  # launches every bucket
+            reducer._finalize()  # waits and writes the averages back (core: no public flush)
+        self._hvd_passes = 0
+        self._hvd_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside, ``step()`` does not synchronize (call ``synchronize()`` yourself first)."""
+        self._hvd_should_sync = False
+        try:
+            yield
+        finally:
+            self._hvd_should_sync = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._hvd_should_sync:
+            if self._hvd_synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                    "consider using optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.",
+                    stacklevel=2,
+                )
+            self.synchronize()
+        self._hvd_synchronized = False
+        return super().step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._hvd_passes > 0:
+            raise AssertionError(_ZERO_GRAD_RACE)
+        super().zero_grad(set_to_none)  # type: ignore[misc]
+
+
+def local_step(optimizer: torch.optim.Optimizer) -> Any:
+    """The wrapped optimizer's own ``step`` (no synchronize), or ``optimizer.step``."""
+    if isinstance(optimizer, _DistributedOptimizer):
+        return super(_DistributedOptimizer, optimizer).step  # type: ignore[misc]
+    return optimizer.step
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, nn.Parameter]] | None = None,
+    compression: type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: ReduceOp = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: int | Sequence[Sequence[torch.Tensor]] | None = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> torch.optim.Optimizer:
+    """Make ``optimizer`` average gradients across ranks (in place; returns it)."""
+    world = basics.size()  # ValueError before hvd.init(), as Horovod
+    if process_set is not None and process_set is not global_process_set:
+        raise NotImplementedError("longboat.horovod runs on all ranks: pass no process_set")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("this optimizer is already a hvd.DistributedOptimizer")
+    op = ReduceOp(int(op))
+    if op == ReduceOp.Adasum:
+        raise NotImplementedError(
+            "op=hvd.Adasum is not implemented in longboat.horovod; use hvd.Average or hvd.Sum"
+        )
+    if op not in (Average, Sum):
+        raise ValueError(f"DistributedOptimizer supports op=hvd.Average or hvd.Sum, got {op.name}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if compression not in (Compression.none, Compression.fp16):
+        raise ValueError(
+            "DistributedOptimizer supports compression=hvd.Compression.none or "
+            "hvd.Compression.fp16 (longboat's fused fp16 compressor); custom compressors work "
+            "with hvd.allreduce"
+        )
+    if num_groups:
+        warnings.warn("num_groups is deprecated; use groups", DeprecationWarning, stacklevel=2)
+        groups = groups or num_groups
+    named = _named(optimizer, named_parameters)
+    _check_same_everywhere(named)
+    strategy = _strategy(compression)
+    plan = _explicit_plan(named, groups) if groups else None
+    base = type(optimizer)
+    optimizer.__class__ = type(base.__name__, (_DistributedOptimizer, base), {})
+    opt: Any = optimizer
+    opt.backward_passes_per_step = int(backward_passes_per_step)
+    opt._hvd_passes, opt._hvd_in_pass = 0, False
+    opt._hvd_should_sync, opt._hvd_synchronized = True, False
+    opt._hvd_divisor = float(world if op == Average else 1)
+    opt._hvd_hooks = [  # before the reducer's hooks: they must run first
+        p.register_post_accumulate_grad_hook(
+            functools.partial(opt._hvd_hook, name, sparse_as_dense)
+        )
+        for name, p in named
+    ]
+    opt._hvd_reducer, opt._hvd_compressors = _reducer(named, strategy, optimizer, plan)
+    return optimizer
+
+
+def _named(
+    optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, Any]] | None
+) -> list[tuple[str, nn.Parameter]]:
+    """The optimizer's trainable parameters with their names, in model order; Horovod's errors."""
+    in_optimizer = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(in_optimizer)]
+    else:
+        named = list(named_parameters)
+        if any(not isinstance(item, tuple) for item in named):
+            raise ValueError(
+                "named_parameters should be a sequence of tuples (name, parameter), usually "
+                "produced by model.named_parameters()."
+            )
+        seen: set[str] = set()
+        dups = sorted({n for n, _ in named if n in seen or seen.add(n)})  # type: ignore[func-returns-value]
+        if dups:
+            raise ValueError(
+                "Parameter names in named_parameters must be unique. Found duplicates: "
+                + ", ".join(dups)
+            )
+        unnamed = {id(p) for p in in_optimizer} - {id(p) for _, p in named}
+        if unnamed:
+            raise ValueError(
+                "named_parameters was specified, but one or more model parameters were not "
+                "named. Python object ids: " + ", ".join(map(str, sorted(unnamed)))
+            )
+    wanted = {id(p) for p in in_optimizer}
+    chosen = [(n, p) for n, p in named if id(p) in wanted and p.requires_grad]
+    if not chosen:
+        raise ValueError("the optimizer has no parameters that require grad: nothing to reduce")
+    return chosen
+
+
+def _check_same_everywhere(named: list[tuple[str, nn.Parameter]]) -> None:
+    """Every rank must reduce the same names, shapes and dtypes, in the same order."""
+    mine = [[n, list(p.shape), str(p.dtype).removeprefix("torch.")] for n, p in named]
+    everyone = [json.loads(b) for b in allgather_bytes(json.dumps(mine).encode())]
+    for r, theirs in enumerate(everyone[1:], start=1):
+        if theirs == everyone[0]:
+            continue
+        for a, b in zip(everyone[0], theirs, strict=False):
+            if a != b:
+                raise ValueError(
+                    f"Mismatched DistributedOptimizer parameters: rank 0 has {a[0]!r} "
+                    f"{a[1]} {a[2]}, rank {r} has {b[0]!r} {b[1]} {b[2]} at the same position. "
+                    "Every rank must build the same model and pass the same named_parameters"
+                )
+        raise ValueError(
+            f"Mismatched DistributedOptimizer parameters: rank 0 has {len(everyone[0])} "
+            f"parameters to reduce, rank {r} has {len(theirs)}"
+        )
+
+
+def _strategy(compression: type[Compressor]) -> Strategy:
+    strategy = Strategy(find_unused_parameters=True)  # Horovod reduces missing grads as zeros
+    threshold = env_float("HOROVOD_FUSION_THRESHOLD", -1)
+    if threshold == 0:
+        strategy.fuse_all_reduce_ops = False
+    elif threshold > 0:
+        strategy.fuse_grad_size_in_MB = threshold / MB
+    if compression is Compression.fp16:
+        strategy.fp16_allreduce = True
+    return strategy
+
+
+def _reducer(
+    named: list[tuple[str, nn.Parameter]],
+    strategy: Strategy,
+    optimizer: torch.optim.Optimizer,
+    plan: BucketPlan | None,
+) -> tuple[Reducer, list[Any]]:
+    """The core's reducer and its compressors; with Horovod's ``groups``, over that plan."""
+    _, comms, fns = _allreduce_fns(strategy)
+    compression = _compression(strategy, optimizer)
+    if plan is None:
+        return _build_reducer(named, strategy, comms, fns, compression)
+    name, config = compression  # none or fp16 here: neither needs the lossy-flag path
+    compressors = [make_compressor(name, fn, g, config) for fn, g in zip(fns, comms, strict=True)]
+    reducer = Reducer(
+        named, plan, compressors, world_size=dist.get_world_size(), find_unused_parameters=True
+    )
+    return reducer, compressors
+
+
+def _explicit_plan(
+    named: list[tuple[str, nn.Parameter]], groups: int | Sequence[Sequence[torch.Tensor]]
+) -> BucketPlan:
+    """Horovod's ``groups``: N groups of consecutive parameters, or explicit lists."""
+    index = {id(p): i for i, (_, p) in enumerate(named)}
+    if isinstance(groups, int):
+        if groups < 0:
+            raise ValueError(f"groups must be a non-negative int or a list of lists, got {groups}")
+        order = list(reversed(range(len(named))))  # backward produces the last layers first
+        size = -(-len(order) // groups)
+        chunks = [order[i : i + size] for i in range(0, len(order), size)]
+    else:
+        chunks, placed = [], set()
+        for g, group in enumerate(groups):
+            members = []
+            for t in group:
+                i = index.get(id(t))
+                if i is None:
+                    raise ValueError(
+                        f"groups[{g}] holds a tensor that this optimizer does not train"
+                    )
+                if i in placed:
+                    raise ValueError(f"parameter {named[i][0]!r} is in more than one group")
+                placed.add(i)
+                members.append(i)
+            chunks.append(members)
+        chunks += [[i] for i in range(len(named)) if i not in placed]  # the rest: one each
+        chunks.sort(key=lambda c: -max(c))  # ready first: the group whose last grad comes first
+    buckets: list[tuple[int, ...]] = []
+    for chunk in chunks:
+        by_kind: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        for i in chunk:
+            p = named[i][1]
+            by_kind.setdefault((p.dtype, p.device), []).append(i)
+        buckets += [tuple(members) for members in by_kind.values() if members]
+    return BucketPlan(tuple(buckets), cap_bytes=0, max_layers=0, fused=True)

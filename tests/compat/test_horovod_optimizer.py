@@ -1,0 +1,234 @@
+"""hvd.DistributedOptimizer and the broadcast/gather helpers on 2 real Gloo ranks.
+
+Training results are compared with single-process training on the global batch
+(``tests.collective._workloads.reference``); one spawn runs every scenario.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from tests._dist import run_ranks
+from tests.collective._workloads import (
+    STEPS,
+    Config,
+    build_model,
+    build_optimizer,
+    data,
+    params_of,
+    reference,
+    shard,
+)
+
+WORLD = 2
+SGD = Config(optimizer="sgd")
+SCENARIOS = {  # name -> (config, DistributedOptimizer keyword arguments)
+    "k2": (replace(SGD, k_steps=2), {"backward_passes_per_step": 2}),
+    "fp16": (SGD, {"compression": "fp16"}),
+    "groups3": (SGD, {"groups": 3}),
+    "unfused": (SGD, {}),  # HOROVOD_FUSION_THRESHOLD=0 for this one
+}
+
+
+class Opaque:
+    """Not in the safe object format."""
+
+
+def _train(rank: int, world: int, cfg: Config, kwargs: dict) -> tuple[dict, object]:
+    import longboat.horovod.torch as hvd
+
+    if kwargs.get("compression") == "fp16":
+        kwargs = {**kwargs, "compression": hvd.Compression.fp16}
+    model = build_model(cfg, seed=rank)  # different per rank: broadcast_parameters fixes it
+    opt = hvd.DistributedOptimizer(
+        build_optimizer(cfg, model), named_parameters=model.named_parameters(), **kwargs
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    x, y = data(cfg)
+    k = kwargs.get("backward_passes_per_step", 1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(k):
+            i = step * k + micro
+            out = model(shard(x[i], rank, world), rank=rank)
+            (F.cross_entropy(out, shard(y[i], rank, world)) / k).backward()
+        opt.step()
+    return params_of(model), opt
+
+
+def _small() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+
+
+def _errors(rank: int, out: dict) -> None:
+    import longboat.horovod.torch as hvd
+
+    model = _small()
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match="Found duplicates: 0.weight"):
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named + named[:1]
+        )
+    with pytest.raises(ValueError, match="were not named"):
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named[:1]
+        )
+    with pytest.raises(ValueError, match="op != Average"):
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum, gradient_predivide_factor=2
+        )
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    x = torch.ones(2, 4)
+    # synchronize() by hand, then step() inside skip_synchronize(): no second reduction
+    model(x).sum().backward()
+    opt.synchronize()
+    out["manual_sync_grads"] = [p.grad.clone() for p in model.parameters()]
+    with opt.skip_synchronize():
+        opt.step()
+    opt.zero_grad()
+    model(x * (rank + 1)).sum().backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        opt.step()
+    opt.zero_grad()
+    model(x).sum().backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()
+    with pytest.raises(AssertionError, match="more than backward_passes_per_step"):
+        model(x).sum().backward()
+    opt.synchronize()
+    # ranks that built different models are told so, on every rank
+    other = torch.nn.Linear(4, 3 + rank)
+    try:
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(other.parameters(), lr=0.1), named_parameters=other.named_parameters()
+        )
+    except ValueError as e:
+        out["model_mismatch"] = str(e)
+
+
+def _objects(rank: int, out: dict) -> None:
+    import longboat.horovod.torch as hvd
+
+    out["bobj"] = hvd.broadcast_object({"epoch": 3 + rank, "t": torch.ones(2) * rank}, 1)
+    out["gobj"] = hvd.allgather_object({"rank": rank, "items": list(range(rank + 1))})
+    try:
+        hvd.broadcast_object(Opaque() if rank == 0 else None, 0, name="opaque")
+    except ValueError as e:
+        out["refused_bcast"] = str(e)
+    try:
+        hvd.allgather_object(Opaque() if rank == 1 else 1, name="opaque_gather")
+    except ValueError as e:
+        out["refused_gather"] = str(e)
+    # optimizer state: rank 0 has trained a step with lr 0.01, rank 1 is fresh with lr 0.5
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 if rank == 0 else 0.5)
+    if rank == 0:
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    before = [p.detach().clone() for p in model.parameters()]
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    out["adam_state"] = {
+        f"{i}.{k}": v for i, s in enumerate(opt.state.values()) for k, v in s.items()
+    }
+    out["adam_lr"] = opt.param_groups[0]["lr"]
+    out["params_untouched"] = all(
+        torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)
+    )
+
+
+def _all(rank: int, world: int) -> dict:
+    import os
+
+    import longboat.horovod.torch as hvd
+
+    hvd.init()
+    out: dict = {}
+    for name, (cfg, kwargs) in SCENARIOS.items():
+        if name == "unfused":
+            os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"
+        params, opt = _train(rank, world, cfg, kwargs)
+        os.environ.pop("HOROVOD_FUSION_THRESHOLD", None)
+        out[name] = params
+        reducer = opt._hvd_reducer
+        out[f"{name}.buckets"] = reducer.num_buckets
+        out[f"{name}.compressed"] = opt._hvd_compressors[0].stats.compressed_calls
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no stray warnings in the plain flow
+        _errors(rank, out)
+    _objects(rank, out)
+    hvd.shutdown()
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_ranks(_all, WORLD, timeout=170)
+
+
+@pytest.mark.parametrize("name", ["k2", "groups3", "unfused"])
+def test_training_equals_single_process(ranks, name):
+    cfg, _ = SCENARIOS[name]
+    expected = reference(cfg, WORLD)
+    init = params_of(build_model(cfg, seed=0))
+    assert any(not torch.allclose(init[n], expected[n]) for n in init)  # it really trained
+    for out in ranks:
+        for key in expected:
+            torch.testing.assert_close(out[name][key], expected[key], rtol=1e-5, atol=1e-6)
+
+
+def test_groups_and_fusion_shape_the_buckets(ranks):
+    n_params = len(params_of(build_model(SGD, seed=0)))
+    for out in ranks:
+        assert out["groups3.buckets"] == 3
+        assert out["unfused.buckets"] == n_params
+        assert out["k2.buckets"] < n_params  # fused by the core planner
+
+
+def test_fp16_compression_is_used_and_stays_close(ranks):
+    expected = reference(SGD, WORLD)
+    for out in ranks:
+        assert out["fp16.compressed"] > 0 and out["k2.compressed"] == 0
+        for key in expected:
+            torch.testing.assert_close(out["fp16"][key], expected[key], rtol=0, atol=2e-3)
+
+
+def test_horovod_errors_and_manual_synchronize(ranks):
+    for out in ranks:
+        assert "Mismatched DistributedOptimizer parameters" in out["model_mismatch"]
+        assert "rank 1" in out["model_mismatch"]
+    model = _small()
+    model(torch.ones(2, 4)).sum().backward()
+    single = [p.grad for p in model.parameters()]
+    for out in ranks:
+        for got, ref in zip(out["manual_sync_grads"], single, strict=True):
+            torch.testing.assert_close(got, ref)
+
+
+def test_broadcast_and_allgather_objects(ranks):
+    for out in ranks:
+        assert out["bobj"]["epoch"] == 4
+        torch.testing.assert_close(out["bobj"]["t"], torch.ones(2))
+        assert out["gobj"] == [{"rank": 0, "items": [0]}, {"rank": 1, "items": [0, 1]}]
+        assert "safe object format" in out["refused_bcast"] or "rank 0" in out["refused_bcast"]
+        assert "Opaque" in ranks[0]["refused_bcast"]
+        assert "[1]" in ranks[0]["refused_gather"] and "Opaque" in ranks[1]["refused_gather"]
+
+
+def test_broadcast_optimizer_state(ranks):
+    root, other = ranks
+    assert root["adam_state"].keys() == other["adam_state"].keys() and root["adam_state"]
+    for key, value in root["adam_state"].items():
+        torch.testing.assert_close(other["adam_state"][key], value)
+    assert other["adam_lr"] == 0.01
+    assert root["params_untouched"] and other["params_untouched"]
