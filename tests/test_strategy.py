@@ -510,11 +510,9 @@ IMPLEMENTED = {
     "fp16_allreduce", "amp", "amp_configs", "dgc", "dgc_configs",
     "gradient_compression", "powersgd_configs",
     "timeline", "stall_warning_seconds", "stall_shutdown_seconds",
-    "a_sync_configs", "use_thread_barrier",
+    "a_sync_configs", "use_thread_barrier", "auto",
 }  # fmt: skip
-PLANNED = {
-    "auto": "automatic strategy tuning",
-}
+PLANNED: dict[str, str] = {}  # field -> planned feature; none left
 
 
 def test_status_lists() -> None:
@@ -554,15 +552,6 @@ def test_check_implemented_names_planned_field_and_feature(name: str) -> None:
     assert PLANNED[first] in message and "does not implement yet (planned: " in message
 
 
-def test_check_implemented_message_for_auto() -> None:
-    with pytest.raises(NotImplementedError) as info:
-        make(auto=True).check_implemented()
-    assert str(info.value) == (
-        "Strategy.auto=True needs automatic strategy tuning, which longboat does not "
-        "implement yet (planned: automatic tuning)"
-    )
-
-
 def test_check_implemented_passes_for_defaults_and_implemented_fields() -> None:
     make().check_implemented()
     make(
@@ -573,6 +562,7 @@ def test_check_implemented_passes_for_defaults_and_implemented_fields() -> None:
         a_sync=False,
         fuse_all_optimizer_ops=True,
         cudnn_exhaustive_search=False,
+        auto=True,
     ).check_implemented()
     make(
         mode="ps", a_sync=False, a_sync_configs={"k_steps": 0}, use_thread_barrier=True

@@ -11,6 +11,7 @@ from torch import nn
 
 import longboat.cluster as cluster
 from longboat.collective.amp import Amp
+from longboat.collective.autotune import Builder, Candidate, make_tuner
 from longboat.collective.buckets import GradSpec, layer_of, plan_buckets
 from longboat.collective.consistency import broadcast_state, verify_same_model
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
@@ -93,6 +94,10 @@ def distribute(
         compressors=compressors,
     )
     wrapped.strategy = strategy  # type: ignore[assignment]
+    wrapped.local_sgd = local_sgd
+    if strategy.auto:
+        built = _candidate_builder(named, strategy, compression, scaled, (algorithm, comms, fns))
+        wrapped.tuner = make_tuner(strategy, built)
     if optimizer is not None:
         optimizer = _replace_optimizer(strategy, optimizer, named)
         if strategy.fuse_all_optimizer_ops and not use_multi_tensor_kernels(optimizer):
@@ -219,6 +224,28 @@ def _build_reducer(
             for buffer, layout in reducer.bucket_layouts():
                 compressor.set_layout(buffer, layout)
     return reducer, compressors
+
+
+def _candidate_builder(
+    named: list[tuple[str, nn.Parameter]],
+    strategy: Strategy,
+    compression: tuple[str, dict],
+    check_finite: bool,
+    built: tuple[str, list[dist.ProcessGroup], list[AllreduceFn]],
+) -> Builder:
+    """Strategy(auto=True)'s candidate reducers, through ``_build_reducer``; candidates with
+    the same algorithm and ``nccl_comm_num`` share communicators (the defaults' ``built``)."""
+    algorithm, comms, fns = built
+    cache = {(algorithm, len(comms)): (comms, fns)}
+
+    def build(candidate: Candidate) -> tuple[Reducer, list]:
+        changed = candidate.apply(strategy)
+        key = (candidate.algorithm, candidate.nccl_comm_num)
+        if key not in cache:
+            cache[key] = _allreduce_fns(changed)[1:]
+        return _build_reducer(named, changed, *cache[key], compression, check_finite)
+
+    return build
 
 
 def _check_devices(named: list[tuple[str, nn.Parameter]]) -> None:

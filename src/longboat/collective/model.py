@@ -37,6 +37,8 @@ class DistributedModel(nn.Module):
         super().__init__()
         self.amp = amp
         self.compressors = tuple(compressors)  # one per communicator, each with ``.stats``
+        self.local_sgd: Any = None  # LocalSGD / AdaptiveLocalSGD when it replaces the reducer
+        self.tuner: Any = None  # Strategy(auto=True): an AutoTuner that swaps the reducer
         self.communicate = communicate  # False under local SGD: parameters are averaged instead
         self.module = module
         self.reducer = reducer
@@ -52,6 +54,8 @@ class DistributedModel(nn.Module):
             return self._run(args, kwargs)
         self.micro_step += 1
         sync = self.communicate and not self._no_sync and self.is_merge_boundary()
+        if sync and self.tuner is not None:
+            self.tuner.before_step(self)  # may install another reducer: only at step boundaries
         divisor = self.reducer.world_size * (self.k_steps if self.merge_avg else 1)
         if self.amp is not None:
             divisor *= self.amp.scale  # the loss scale is undone on the way into the buckets
@@ -81,7 +85,12 @@ class DistributedModel(nn.Module):
         ``S`` bytes; ``(N−1)·S`` for DGC's allgather), so compressed and plain runs compare.
         Call it after the step's backward (the counters are updated as buckets go out).
         """
-        return sum(c.stats.bytes_sent for c in self.compressors)
+        sent = sum(c.stats.bytes_sent for c in self.compressors)
+        if self.local_sgd is not None:  # parameter averaging instead of gradient allreduce
+            from longboat.comm.compress import ring_bytes
+
+            sent += ring_bytes(self.local_sgd.bytes_communicated, self.reducer.world_size)
+        return sent
 
     def is_merge_boundary(self) -> bool:
         """True when the current micro step completes a gradient-merge cycle."""

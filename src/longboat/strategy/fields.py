@@ -16,7 +16,6 @@ from longboat.strategy.spec import (
     implemented,
     mapped,
     not_applicable,
-    planned,
 )
 from longboat.strategy.values import (
     Bool,
@@ -170,8 +169,12 @@ _SPECS: tuple[FieldSpec, ...] = (
         "auto",
         Bool(),
         False,
-        "let longboat choose the strategy automatically",
-        planned("automatic strategy tuning", "automatic tuning"),
+        "let longboat choose the allreduce algorithm, fuse_grad_size_in_MB and nccl_comm_num "
+        "by timing a few training steps of each (fields set explicitly stay fixed)",
+        implemented(
+            "the first communicating steps try each setting (1 warm-up + 3 timed steps); the "
+            "slowest rank's median decides; the choice and the table are logged on rank 0"
+        ),
     ),
     FieldSpec(
         "sync_nccl_allreduce",

@@ -31,6 +31,7 @@ class DemoConfig:
     lr: float
     momentum: float
     seed: int
+    method: str = "baseline"  # a key of longboat.tools.demo_methods.METHODS
 
     @property
     def rank_batch(self) -> int:
@@ -134,31 +135,39 @@ def train_rank(cfg: DemoConfig) -> dict[str, Any]:
     """One rank of the demo (run through `launch_local`); returns its results to the launcher.
 
     Keys: params, losses (per step, this rank's batch), samples (this rank), seconds (training
-    loop), samples_per_s (global), backend, and on rank 0 the test accuracy.
+    loop), samples_per_s (global), backend, bytes_per_step (gradient bytes this rank sent, on
+    average), last_step_bytes, and on rank 0 the test accuracy.
     """
     import torch.distributed as dist
 
     import longboat as lb
+    from longboat.tools.demo_methods import strategy_for
 
     lb.init()
     torch.set_num_threads(1)
     try:
         train, test = load_digits_split()
         model = build_model(cfg.seed)
-        model, optimizer = lb.distribute(model, build_optimizer(model, cfg), lb.Strategy())
+        model, optimizer = lb.distribute(
+            model, build_optimizer(model, cfg), strategy_for(cfg.method)
+        )
         sampler = make_sampler(train, cfg)
         loader = DataLoader(train, batch_size=cfg.rank_batch, sampler=sampler)
         losses: list[float] = []
+        sent: list[int] = []  # cumulative gradient bytes after each step
         start = time.perf_counter()
         with _progress(lb.rank() == 0, cfg.epochs, cfg.epochs * len(loader)) as advance:
             for epoch in range(cfg.epochs):
                 sampler.set_epoch(epoch)
                 for x, y in loader:
                     losses.append(train_step(model, optimizer, x, y))
+                    sent.append(model.bytes_sent())
                     advance(epoch, losses[-1])
         seconds = time.perf_counter() - start
         samples = cfg.epochs * len(sampler)
         return {
+            "bytes_per_step": sent[-1] / len(sent) if sent else 0.0,
+            "last_step_bytes": sent[-1] - sent[-2] if len(sent) > 1 else 0,
             "params": parameters_of(model.module),
             "losses": losses,
             "samples": samples,
