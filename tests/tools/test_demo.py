@@ -88,6 +88,14 @@ def test_demo_matches_single_process(capsys: pytest.CaptureFixture[str]):
     assert "test accuracy" in out
 
 
+def test_demo_method_reports_compressed_bytes(capsys: pytest.CaptureFixture[str]):
+    assert main(["demo", "--epochs", "2", "--method", "bf16_allreduce"]) == 0
+    out = capsys.readouterr().out
+    # 38,282 float32 gradients as bfloat16 on 2 ranks: 2·S·(N−1)/N = 76,564 bytes + 8 flags
+    assert "76,580 sent by rank 0" in out
+    assert "not checked" in out  # only baseline is compared with single-process training
+
+
 def test_demo_rejects_uneven_batch(capsys: pytest.CaptureFixture[str]):
     assert main(["demo", "--batch-size", "63"]) == 1
     assert "multiple of --nproc" in capsys.readouterr().out
