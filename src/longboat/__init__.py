@@ -38,6 +38,10 @@ _EXPORTS: dict[str, str] = {
     "load_checkpoint": "longboat.checkpoint",
     "is_server": "longboat.launch.roles",
     "is_worker": "longboat.launch.roles",
+    "ps": "longboat.ps",
+    "log_every": "longboat.metrics",
+    "LogEvery": "longboat.metrics",
+    "trace": "longboat.trace",
 }
 
 __all__ = sorted(_EXPORTS)

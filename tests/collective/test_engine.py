@@ -48,8 +48,8 @@ def test_op_fusion_fields_compile_the_model(single):
     assert isinstance(wrapped.module, torch._dynamo.eval_frame.OptimizedModule)
 
 
-def test_planned_feature_is_refused_with_its_name(single):
-    with pytest.raises(NotImplementedError, match="dgc"):
+def test_dgc_without_its_optimizer_is_refused_with_the_reason(single):
+    with pytest.raises(ValueError, match="dgc=True needs torch.optim.SGD .* got no optimizer"):
         lb.distribute(_model(), None, lb.Strategy(dgc=True))
 
 

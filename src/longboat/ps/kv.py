@@ -1,0 +1,120 @@
+"""Key-value access to the parameter servers (MXNet KVStore style): ``init``, ``push``, ``pull``.
+
+    kv = KVClient(servers, token, trainer=rank, trainers=n, sync=True)
+    kv.init("w", torch.zeros(1000, 16))   # the first init of a key wins; later ones are ignored
+    kv.push("w", grad)                    # sync: servers average all trainers' pushes, then update
+    w = kv.pull("w")                      # sync: waits for this trainer's pushes to be applied
+
+A value is split along dim 0 like model parameters (``plan.split_rows``); block ``i`` of key
+``k`` lives on server ``(crc32(k) + i) % num_servers`` (deterministic, no salted hashing).
+Without ``optimizer`` a push *replaces* the value (MXNet's default updater, after averaging in
+sync mode); with ``optimizer="sgd"|"adam"|"adagrad"`` and ``hparams`` the servers treat pushes
+as gradients. ``longboat.kvstore`` builds on this class.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from longboat.ps.client import Client
+from longboat.ps.plan import DEFAULT_MAX_BLOCK_NUMEL, DEFAULT_MIN_BLOCK_SIZE, split_rows
+from longboat.ps.wire import Message
+
+_PREFIX = "kv:"
+
+
+class KVClient:
+    """One trainer's key-value view of the servers at ``servers``."""
+
+    def __init__(
+        self,
+        servers: Sequence[str],
+        token: str,
+        *,
+        trainer: int = 0,
+        trainers: int = 1,
+        sync: bool = False,
+        optimizer: str | None = None,
+        hparams: dict[str, Any] | None = None,
+        min_block_size: int = DEFAULT_MIN_BLOCK_SIZE,
+        timeout: float | None = None,
+    ) -> None:
+        self.client = Client(servers, token, timeout=timeout)
+        self.client.connect()
+        self.trainer, self.trainers, self.sync = trainer, trainers, sync
+        self.optimizer, self.hparams = optimizer, dict(hparams or {})
+        self.min_block_size = min_block_size
+        self._layout: dict[str, tuple[torch.Size, torch.dtype, list[tuple[int, int, int]]]] = {}
+        self._pushes: dict[str, int] = {}
+
+    def _blocks(self, key: str, shape: Sequence[int]) -> list[tuple[int, int, int]]:
+        """(server, start, stop) of each block of ``key``."""
+        n = len(self.client)
+        base = zlib.crc32(key.encode())
+        ranges = split_rows(tuple(shape), n, self.min_block_size, DEFAULT_MAX_BLOCK_NUMEL)
+        return [((base + i) % n, a, b) for i, (a, b) in enumerate(ranges)]
+
+    @staticmethod
+    def _rows(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
+        return (t.reshape(1) if t.dim() == 0 else t)[a:b]
+
+    def init(self, key: str, value: torch.Tensor) -> None:
+        """Create ``key`` on the servers with ``value`` (a no-op for a key that exists)."""
+        value = value.detach().cpu().contiguous()
+        blocks = self._blocks(key, value.shape)
+        self._layout[key] = (value.shape, value.dtype, blocks)
+        self._pushes.setdefault(key, 0)
+        update = "optimizer" if self.optimizer else "assign"
+        msgs: dict[int, Message] = {}
+        for i, (server, a, b) in enumerate(blocks):
+            spec: dict[str, Any] = {"key": f"{_PREFIX}{key}/{i}", "update": update}
+            if self.optimizer:
+                spec |= {"optimizer": self.optimizer, "hparams": self.hparams}
+            msg = msgs.setdefault(
+                server, Message({"trainers": self.trainers, "sync": self.sync, "blocks": []})
+            )
+            msg.meta["blocks"].append(spec)
+            msg.tensors[spec["key"]] = self._rows(value, a, b)
+        self.client.call_all("init", msgs)
+
+    def push(self, key: str, value: torch.Tensor) -> None:
+        """Push ``value`` (a gradient, or the new value without an optimizer) for ``key``."""
+        shape, dtype, blocks = self._known(key)
+        if value.shape != shape:
+            raise ValueError(
+                f"kv push {key!r}: shape {tuple(value.shape)}, expected {tuple(shape)}"
+            )
+        value = value.detach().cpu().to(dtype).contiguous()
+        step = self._pushes[key] if self.sync else -1
+        msgs: dict[int, Message] = {}
+        for i, (server, a, b) in enumerate(blocks):
+            msg = msgs.setdefault(server, Message({"trainer": self.trainer, "step": step}))
+            msg.tensors[f"{_PREFIX}{key}/{i}"] = self._rows(value, a, b)
+        self.client.call_all("push", msgs)
+        self._pushes[key] += 1
+
+    def pull(self, key: str) -> torch.Tensor:
+        """The current value of ``key`` (sync: after every trainer's matching push applied)."""
+        shape, dtype, blocks = self._known(key)
+        version = self._pushes[key] if self.sync else 0
+        keys: dict[int, list[str]] = {}
+        for i, (server, _, _) in enumerate(blocks):
+            keys.setdefault(server, []).append(f"{_PREFIX}{key}/{i}")
+        msgs = {s: Message({"keys": k, "version": version}) for s, k in keys.items()}
+        replies = self.client.call_all("pull", msgs)
+        out = torch.empty(shape, dtype=dtype)
+        for i, (server, a, b) in enumerate(blocks):
+            self._rows(out, a, b).copy_(replies[server].tensors[f"{_PREFIX}{key}/{i}"])
+        return out
+
+    def _known(self, key: str) -> tuple[torch.Size, torch.dtype, list[tuple[int, int, int]]]:
+        if key not in self._layout:
+            raise KeyError(f"kv key {key!r} was not init()-ed by this client; call init first")
+        return self._layout[key]
+
+    def close(self) -> None:
+        self.client.close()

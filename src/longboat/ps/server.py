@@ -1,0 +1,307 @@
+"""A parameter server process: gRPC (generic handlers, raw-bytes frames) around ``ServerState``.
+
+    lb.ps.run_server()            # in a PSERVER rank of `longboat launch --servers N`
+    python -m longboat.ps.server --endpoint 127.0.0.1:7000 --index 0 --servers 2
+
+Every request must carry the job's token; frames are size-bounded and checked before use;
+waits inside a call end at the call's deadline. Binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from longboat.log import get_logger
+from longboat.ps import auth, checkpoint, wire
+from longboat.ps.client import METHODS, SERVICE, channel_options, max_message_bytes
+from longboat.ps.state import RequestError, ServerState, StaleStep
+from longboat.ps.wire import Message, WireError
+
+log = get_logger("longboat.ps")
+
+MAX_WAIT_S = 600.0
+CHECKPOINT_DIR_ENV = "LONGBOAT_PS_CHECKPOINT_DIR"
+CHECKPOINT_EVERY_ENV = "LONGBOAT_PS_CHECKPOINT_EVERY"
+
+
+class Server:
+    """Server ``index`` of ``num_servers`` listening on ``endpoint`` (port 0: any free port)."""
+
+    def __init__(
+        self,
+        endpoint: str = "127.0.0.1:0",
+        *,
+        index: int = 0,
+        num_servers: int = 1,
+        token: str,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 0,
+        max_bytes: int | None = None,
+        max_workers: int = 32,
+    ) -> None:
+        if not 0 <= index < num_servers:
+            raise ValueError(f"server index {index} is not in [0, {num_servers})")
+        if not token:
+            raise ValueError("a parameter server needs a non-empty token")
+        self.index, self.num_servers, self._token = index, num_servers, token
+        self.max_bytes = max_bytes or max_message_bytes()
+        self.state = ServerState(index, num_servers)
+        self.boot = secrets.token_hex(8)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.checkpoint_every = checkpoint_every
+        self._restores: dict[tuple[int, int], set[int]] = {}
+        self._restored: set[tuple[int, int]] = set()
+        self.restored_step: int | None = None
+        if self.checkpoint_dir is not None:
+            saved = checkpoint.load(self.checkpoint_dir, index)
+            if saved is not None:
+                self.state.load_state_dict(saved)
+                self.restored_step = self.state.version()
+                log.info(
+                    "server %d restored from %s at step %d",
+                    index,
+                    self.checkpoint_dir,
+                    self.restored_step,
+                )
+            if checkpoint_every > 0:
+                self.state.on_version = self._periodic_save
+        host, _, _ = endpoint.rpartition(":")
+        if host in ("0.0.0.0", "[::]", ""):
+            log.warning(
+                "server %d listens on all interfaces (%s); anyone who can reach this "
+                "host and holds the job token can update the model",
+                index,
+                endpoint,
+            )
+        handlers = {m: self._handler(m) for m in METHODS}
+        self._grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="lb-ps"),
+            handlers=[grpc.method_handlers_generic_handler(SERVICE, handlers)],
+            options=channel_options(self.max_bytes),
+            maximum_concurrent_rpcs=max_workers * 2,
+        )
+        port = self._grpc.add_insecure_port(endpoint)
+        if port == 0:
+            raise OSError(f"parameter server {index} could not listen on {endpoint} (in use?)")
+        self.endpoint = f"{host}:{port}"
+
+    def start(self) -> Server:
+        self._grpc.start()
+        log.info(
+            "parameter server %d of %d listening on %s", self.index, self.num_servers, self.endpoint
+        )
+        return self
+
+    def stop(self, grace: float | None = 0) -> None:
+        self._grpc.stop(grace).wait(10)
+
+    def wait(self) -> None:
+        self._grpc.wait_for_termination()
+
+    # ---- request plumbing ---------------------------------------------------------------
+    def _handler(self, method: str) -> grpc.RpcMethodHandler:
+        fn: Callable[[Message, float], Message | bytes] = getattr(self, f"_do_{method}")
+
+        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+            if not auth.check(context.invocation_metadata(), self._token):
+                context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    f"parameter server {self.index}: wrong or missing job token "
+                    f"(set {auth.TOKEN_ENV} or {auth.TOKEN_FILE_ENV} to the job's)",
+                )
+            try:
+                msg = wire.decode(request, self.max_bytes)
+            except WireError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {exc}")
+            remaining = context.time_remaining()
+            wait = min(MAX_WAIT_S, remaining if remaining is not None else MAX_WAIT_S)
+            try:
+                reply = fn(msg, time.monotonic() + wait)
+                return reply if isinstance(reply, bytes) else wire.encode(reply)
+            except StaleStep as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except (RequestError, WireError, KeyError, TypeError, ValueError) as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+            except TimeoutError as exc:
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+            raise AssertionError("unreachable")
+
+        return grpc.unary_unary_rpc_method_handler(handle)
+
+    # ---- methods --------------------------------------------------------------------------
+    def _do_init(self, msg: Message, deadline: float) -> Message:
+        return self.state.init(msg)
+
+    def _do_push(self, msg: Message, deadline: float) -> Message:
+        return self.state.push(msg)
+
+    def _do_pull(self, msg: Message, deadline: float) -> bytes:
+        return self.state.pull(msg, deadline)
+
+    def _do_barrier(self, msg: Message, deadline: float) -> Message:
+        return self.state.barrier(msg, deadline)
+
+    def _do_ping(self, msg: Message, deadline: float) -> Message:
+        return Message(
+            {
+                "index": self.index,
+                "num_servers": self.num_servers,
+                "boot": self.boot,
+                "step": self.state.version(),
+                "restored": self.restored_step,
+            }
+        )
+
+    def _do_save(self, msg: Message, deadline: float) -> Message:
+        step = self.state.version()
+        self._save(step)
+        return Message({"step": step})
+
+    def _do_restore(self, msg: Message, deadline: float) -> Message:
+        """Barrier of all trainers, then reload the checkpoint at ``step`` once."""
+        if self.checkpoint_dir is None:
+            raise RequestError(f"server {self.index} has no checkpoint directory to restore from")
+        trainer, step, gen = (int(msg.meta.get(k, 0)) for k in ("trainer", "step", "generation"))
+        key = (gen, step)
+        with self.state.cond:
+            self._restores.setdefault(key, set()).add(trainer)
+            if (
+                len(self._restores[key]) >= max(self.state.trainers, 1)
+                and key not in self._restored
+            ):
+                saved = checkpoint.load(self.checkpoint_dir, self.index, step)
+                assert saved is not None
+                self.state.load_state_dict(saved)
+                self._restored.add(key)
+                log.info("server %d rolled back to step %d", self.index, step)
+            self.state.cond.notify_all()
+            self.state._wait(
+                lambda: key in self._restored,
+                deadline,
+                f"every trainer asking to restore step {step}",
+            )
+        return Message({"step": step})
+
+    def _save(self, step: int) -> None:
+        if self.checkpoint_dir is None:
+            raise RequestError(
+                f"server {self.index} was started without a checkpoint directory "
+                f"(--checkpoint-dir or {CHECKPOINT_DIR_ENV})"
+            )
+        path = checkpoint.save(self.checkpoint_dir, self.index, step, self.state.state_dict())
+        log.info("server %d saved step %d to %s", self.index, step, path)
+
+    def _periodic_save(self, step: int) -> None:
+        """Called under the state's lock when every sync block reached ``step``: the file is
+        written before any trainer can pull that step (a consistent, durable snapshot)."""
+        if step % self.checkpoint_every == 0:
+            self._save(step)
+
+
+def run_server(
+    endpoint: str | None = None,
+    *,
+    index: int | None = None,
+    num_servers: int | None = None,
+    token: str | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int | None = None,
+    env: dict[str, str] | None = None,
+) -> None:
+    """Serve until terminated, with settings from the arguments or the launcher's environment
+    (PADDLE_PORT / PADDLE_PSERVERS_IP_PORT_LIST / LONGBOAT_ROLE_RANK / the job token)."""
+    server = make_server(
+        endpoint,
+        index=index,
+        num_servers=num_servers,
+        token=token,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        env=env,
+    )
+    _serve_until_signal(server.start())
+
+
+def make_server(
+    endpoint: str | None = None,
+    *,
+    index: int | None = None,
+    num_servers: int | None = None,
+    token: str | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int | None = None,
+    env: dict[str, str] | None = None,
+) -> Server:
+    """A (not yet started) Server configured from arguments, falling back to ``env``."""
+    env = dict(os.environ) if env is None else env
+    servers = [e for e in env.get("PADDLE_PSERVERS_IP_PORT_LIST", "").split(",") if e]
+    if endpoint is None:
+        endpoint = f"127.0.0.1:{env['PADDLE_PORT']}" if "PADDLE_PORT" in env else "127.0.0.1:0"
+        if env.get("POD_IP") and env.get("POD_IP") != "127.0.0.1" and "PADDLE_PORT" in env:
+            endpoint = f"{env['POD_IP']}:{env['PADDLE_PORT']}"
+    if index is None:
+        index = int(env.get("LONGBOAT_ROLE_RANK", env.get("PADDLE_PSERVER_ID", "0")))
+    if num_servers is None:
+        num_servers = len(servers) or 1
+    every = (
+        checkpoint_every
+        if checkpoint_every is not None
+        else int(env.get(CHECKPOINT_EVERY_ENV, "0"))
+    )
+    return Server(
+        endpoint,
+        index=index,
+        num_servers=num_servers,
+        token=token or auth.load_token(env),
+        checkpoint_dir=checkpoint_dir or env.get(CHECKPOINT_DIR_ENV) or None,
+        checkpoint_every=every,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m longboat.ps.server", description=__doc__)
+    p.add_argument("--endpoint", default=None, help="host:port to listen on (127.0.0.1:0)")
+    p.add_argument("--index", type=int, default=None, help="this server's index")
+    p.add_argument("--servers", type=int, default=None, help="number of servers in the job")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-every", type=int, default=None, help="save every N sync steps")
+    p.add_argument("--port-file", default=None, help="write the bound endpoint here once up")
+    a = p.parse_args(argv)
+    server = make_server(
+        a.endpoint,
+        index=a.index,
+        num_servers=a.servers,
+        checkpoint_dir=a.checkpoint_dir,
+        checkpoint_every=a.checkpoint_every,
+    )
+    server.start()
+    if a.port_file:
+        tmp = Path(a.port_file + ".tmp")
+        tmp.write_text(server.endpoint)
+        tmp.replace(a.port_file)
+    _serve_until_signal(server)
+
+
+def _serve_until_signal(server: Server) -> None:
+    """Block until SIGTERM/SIGINT (main thread) or the server terminates, then stop it."""
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+    server.stop(1.0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""kv access: init / push / pull by key on the same servers."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from longboat.ps.kv import KVClient
+from tests.ps._harness import servers
+
+
+def test_assign_without_optimizer_and_blocks_spread_over_servers() -> None:
+    with servers(2) as (eps, token):
+        kv = KVClient(eps, token, min_block_size=16)
+        value = torch.arange(64.0).reshape(16, 4)
+        kv.init("w", value)
+        assert {s for s, _, _ in kv._blocks("w", value.shape)} == {0, 1}
+        assert torch.equal(kv.pull("w"), value)
+        kv.init("w", torch.zeros(16, 4))  # the first init wins
+        assert torch.equal(kv.pull("w"), value)
+        kv.push("w", value * 3)
+        assert torch.equal(kv.pull("w"), value * 3)
+        with pytest.raises(KeyError, match="init"):
+            kv.pull("nope")
+        kv.close()
+
+
+def test_sync_pushes_are_averaged_then_sgd_applied_once() -> None:
+    with servers(2) as (eps, token):
+        kvs = [KVClient(eps, token, trainer=r, trainers=2, sync=True, optimizer="sgd",
+                        hparams={"lr": 0.5}) for r in range(2)]  # fmt: skip
+        start = torch.ones(3, 5)
+        for kv in kvs:
+            kv.init("b", start)
+        grads = [torch.full((3, 5), 2.0), torch.full((3, 5), 4.0)]
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda r: kvs[r].push("b", grads[r]), range(2)))
+            pulled = list(pool.map(lambda r: kvs[r].pull("b"), range(2)))
+        for value in pulled:
+            assert torch.equal(value, start - 0.5 * 3.0)  # mean gradient 3, lr 0.5
+        for kv in kvs:
+            kv.close()
