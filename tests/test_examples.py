@@ -41,8 +41,13 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+RUN_ELSEWHERE = {"ps_ctr.py": "tests/ps/test_example.py"}  # example -> the test that runs it
+
+
 def test_every_example_is_run_here():
-    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(RUNS)
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted({*RUNS, *RUN_ELSEWHERE})
+    for test in RUN_ELSEWHERE.values():
+        assert (ROOT / test).is_file()
 
 
 def test_ddp_digits_learns_and_checkpoints(tmp_path):
