@@ -17,16 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
+from auto_vs_default import BATCH, WIDTHS, build  # same model (this directory)
+from auto_vs_default import run_steps as time_steps
 from torch import nn
-from torch.nn import functional as F
-
-WIDTHS = [512, 2048, 2048, 512, 10]  # 6.3 M parameters: 25 MB of float32 gradients
-BATCH = 64  # per rank
 
 METHODS: dict[str, dict[str, Any]] = {
     "longboat default": {},
@@ -39,25 +35,6 @@ METHODS: dict[str, dict[str, Any]] = {
     "dgc 0.999": {"dgc": True, "dgc_configs": {"sparsity": [0.999], "min_numel": 1024}},
     "localsgd k=4": {"localsgd": True, "localsgd_configs": {"k_steps": 4, "begin_step": 1}},
 }
-
-
-def build() -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for a, b in zip(WIDTHS, WIDTHS[1:], strict=False):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
-
-
-def time_steps(model: Any, opt: torch.optim.Optimizer, x: Any, y: Any, steps: int) -> float:
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    dist.barrier()
-    return (time.perf_counter() - start) / steps
 
 
 def worker(methods: list[str], rounds: int, steps: int) -> dict[str, Any]:
