@@ -25,6 +25,10 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
         [*LAUNCH, "--nproc-per-node", "2"],
         ["--steps", "10", "--hid-dim", "64", "--model-path", "{tmp}/model"],
     ),
+    "kvstore_digits.py": (
+        [*LAUNCH, "--servers", "1", "--workers", "2"],
+        ["--kvstore", "dist_sync", "--update-on-kvstore", "0", "--save", "{tmp}/dist.pt"],
+    ),
 }
 
 
@@ -77,3 +81,18 @@ def test_fleet_collective_trains_and_saves(tmp_path):
     assert "worker 0 of 2" in out and "step0 cost=" in out
     state = torch.load(tmp_path / "model" / "persistables.pt", weights_only=True)
     assert set(state) == {"model", "optimizer"}
+
+
+def test_kvstore_on_servers_equals_one_local_process(tmp_path):
+    """2 workers + 1 server (servers only sum gradients) against the local store on the
+    whole global batch in one process."""
+    command, args = RUNS["kvstore_digits.py"]
+    out = _run(tmp_path, command, "kvstore_digits.py", args)
+    assert "every trainer stopped" in out, out[-2000:]  # the server ended with the workers
+    local = ["--kvstore", "local", "--update-on-kvstore", "0", "--save", "{tmp}/local.pt"]
+    out = _run(tmp_path, [sys.executable], "kvstore_digits.py", local)
+    accuracy = [float(a) for a in re.findall(r"test accuracy ([0-9.]+)", out)]
+    assert len(accuracy) == 3 and accuracy[-1] > 0.7, out[-2000:]
+    dist, single = (torch.load(tmp_path / f, weights_only=True) for f in ("dist.pt", "local.pt"))
+    for key, value in single.items():
+        torch.testing.assert_close(dist[key], value, rtol=1e-5, atol=1e-5)

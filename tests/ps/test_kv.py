@@ -42,3 +42,27 @@ def test_sync_pushes_are_averaged_then_sgd_applied_once() -> None:
             assert torch.equal(value, start - 0.5 * 3.0)  # mean gradient 3, lr 0.5
         for kv in kvs:
             kv.close()
+
+
+def test_configure_between_steps_only_and_reduce_survives_checkpoints() -> None:
+    from longboat.ps.state import RequestError, ServerState
+    from longboat.ps.wire import Message
+
+    state = ServerState(0, 1)
+    spec = {"key": "k", "update": "assign", "reduce": "sum"}
+    state.init(Message({"trainers": 2, "sync": True, "blocks": [spec]}, {"k": torch.zeros(3)}))
+    state.push(Message({"trainer": 0, "step": 0}, {"k": torch.ones(3)}))
+    sgd = {"key": "k", "update": "optimizer", "optimizer": "sgd", "hparams": {"lr": 1.0}}
+    with pytest.raises(RequestError, match="between steps"):
+        state.configure(Message({"blocks": [sgd]}))
+    state.push(Message({"trainer": 1, "step": 0}, {"k": torch.full((3,), 2.0)}))
+    assert torch.equal(state.blocks["k"].value, torch.full((3,), 3.0))  # summed, not averaged
+    restored = ServerState(0, 1)
+    restored.load_state_dict(state.state_dict())
+    assert restored.blocks["k"].reduce == "sum"
+    state.configure(Message({"blocks": [{**sgd, "reduce": "sum"}]}))
+    for trainer in range(2):
+        state.push(Message({"trainer": trainer, "step": 1}, {"k": torch.ones(3)}))
+    assert torch.equal(state.blocks["k"].value, torch.ones(3))  # 3 - 1.0 * (1 + 1)
+    with pytest.raises(RequestError, match="no block"):
+        state.configure(Message({"blocks": [{**sgd, "key": "nope"}]}))

@@ -1,19 +1,27 @@
 """A trainer's connections to every server: authenticated, size-bounded calls with deadlines,
-issued in parallel (futures), with every failure naming the server and endpoint."""
+issued in parallel (futures), with every failure naming the server and endpoint.
+
+Two optional observers, both None unless ``lb.ps.distribute``'s strategy asks for them (a None
+check each otherwise): ``Client.stall`` (`ReplyWatch`, ``stall_warning_seconds``) makes a wait
+for a reply warn, and eventually exit, when the server takes too long; ``Client.observer`` (the
+timeline's ``PSObserver``) records every call on the trace's ``ps`` lane.
+"""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import grpc
 
 from longboat.ps import auth, wire
 from longboat.ps.wire import Message
+from longboat.trace import stall as _stall
 
 SERVICE = "longboat.ps.ParameterServer"
-METHODS = ("init", "push", "pull", "barrier", "ping", "save", "restore")
+METHODS = ("init", "push", "pull", "barrier", "ping", "save", "restore", "configure", "stop")
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_MAX_MESSAGE_MB = 256
 TIMEOUT_ENV = "LONGBOAT_PS_TIMEOUT"
@@ -44,18 +52,96 @@ def channel_options(max_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+class ReplyWatch:
+    """Stall inspection of server replies (``stall_warning_seconds`` / ``stall_shutdown_seconds``).
+
+    A trainer blocked in ``Call.result()`` polls the reply with a timeout: once the call has
+    been out ``warning_s`` seconds it logs ``explain(call, waited)`` (repeated every
+    ``warning_s``), and at ``shutdown_s`` (0: never) it logs it as an error and exits with
+    ``STALL_EXIT_CODE``. The client's own deadline (``timeout``) still ends the call.
+    """
+
+    def __init__(
+        self,
+        warning_s: float,
+        shutdown_s: float = 0.0,
+        explain: Callable[[Call, float], str] | None = None,
+        exit_fn: Callable[[int], None] = os._exit,
+    ) -> None:
+        self.warning_s, self.shutdown_s = warning_s, shutdown_s
+        self.explain = explain or _explain
+        self.exit_fn = exit_fn
+
+    def wait(self, call: Call) -> bytes:
+        """The reply's bytes, warning (and shutting down) while it is late."""
+        future = call._future
+        next_warning = self.warning_s
+        while True:
+            waited = time.monotonic() - call.sent
+            if self.shutdown_s > 0 and waited >= self.shutdown_s:
+                _stall.abort(self.explain(call, waited), self.shutdown_s, self.exit_fn)
+                raise PSError(
+                    f"stall shutdown: {call.method} to parameter server {call.server} unanswered "
+                    f"after {waited:.1f} s",
+                    call.server,
+                    call.endpoint,
+                    "DEADLINE_EXCEEDED",
+                )
+            if waited >= next_warning:
+                next_warning = waited + self.warning_s
+                _stall.log.warning(
+                    "%s. Fix the slow or stuck trainer or server (its log shows where it is); "
+                    "raise stall_warning_seconds if such waits are expected",
+                    self.explain(call, waited),
+                )
+            until = next_warning if self.shutdown_s <= 0 else min(next_warning, self.shutdown_s)
+            try:
+                return future.result(timeout=max(0.01, until - waited))
+            except grpc.FutureTimeoutError:
+                continue
+
+
+def _explain(call: Call, waited: float) -> str:
+    return (
+        f"parameter server {call.server} ({call.endpoint}) has not answered {call.method} for "
+        f"keys [{_stall.shown(call.keys())}] after {waited:.1f} s"
+    )
+
+
 class Call:
     """One call in flight; ``result()`` decodes the reply or raises PSError naming the server."""
 
-    def __init__(self, future: grpc.Future, server: int, endpoint: str, method: str) -> None:
+    def __init__(
+        self,
+        future: grpc.Future,
+        server: int,
+        endpoint: str,
+        method: str,
+        msg: Message | None = None,
+        stall: ReplyWatch | None = None,
+    ) -> None:
         self._future, self.server, self.endpoint, self.method = future, server, endpoint, method
+        self.msg, self._stall = msg, stall
+        self.sent = time.monotonic() if stall is not None else 0.0
 
     def done(self) -> bool:
         return self._future.done()
 
+    def keys(self) -> list[str]:
+        """The blocks (and sparse tables) this call carries or asks for."""
+        if self.msg is None:
+            return []
+        keys = [str(k) for k in self.msg.meta.get("keys") or []]
+        for name, t in self.msg.tensors.items():
+            if name.endswith("@ids"):
+                keys.append(f"{name[:-4]} ({t.numel()} rows)")
+            elif not name.endswith("@grad"):
+                keys.append(name)
+        return keys
+
     def result(self) -> Message:
         try:
-            raw = self._future.result()
+            raw = self._future.result() if self._stall is None else self._stall.wait(self)
         except grpc.RpcError as exc:
             code = exc.code()
             raise PSError(
@@ -91,6 +177,8 @@ class Client:
         self._stubs = [
             {m: ch.unary_unary(f"/{SERVICE}/{m}") for m in METHODS} for ch in self._channels
         ]
+        self.stall: ReplyWatch | None = None  # stall inspection of replies (lb.ps.distribute)
+        self.observer: Any = None  # the timeline's PSObserver (Strategy.timeline)
 
     def __len__(self) -> int:
         return len(self.endpoints)
@@ -124,7 +212,10 @@ class Client:
         future = self._stubs[server][method].future(
             frame, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata
         )
-        return Call(future, server, self.endpoints[server], method)
+        call = Call(future, server, self.endpoints[server], method, msg, self.stall)
+        if self.observer is not None:
+            self.observer.started(call, len(frame))
+        return call
 
     def call(self, server: int, method: str, msg: Message, timeout: float | None = None) -> Message:
         return self.start(server, method, msg, timeout).result()

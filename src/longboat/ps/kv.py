@@ -7,9 +7,11 @@
 
 A value is split along dim 0 like model parameters (``plan.split_rows``); block ``i`` of key
 ``k`` lives on server ``(crc32(k) + i) % num_servers`` (deterministic, no salted hashing).
-Without ``optimizer`` a push *replaces* the value (MXNet's default updater, after averaging in
-sync mode); with ``optimizer="sgd"|"adam"|"adagrad"`` and ``hparams`` the servers treat pushes
-as gradients. ``longboat.kvstore`` builds on this class.
+Without ``optimizer`` a push *replaces* the value (MXNet's default updater, after combining the
+trainers' pushes in sync mode); with ``optimizer="sgd"|"adam"|"adagrad"`` and ``hparams`` the
+servers treat pushes as gradients. ``reduce`` says how one step's pushes combine: "mean"
+(longboat's default) or "sum" (MXNet's). ``servers`` may also be a ``LocalServers`` (in-process
+states, no sockets). ``longboat.kvstore`` builds on this class.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from longboat.ps.client import Client
+from longboat.ps.local import LocalServers
 from longboat.ps.plan import DEFAULT_MAX_BLOCK_NUMEL, DEFAULT_MIN_BLOCK_SIZE, split_rows
 from longboat.ps.wire import Message
 
@@ -32,24 +35,32 @@ class KVClient:
 
     def __init__(
         self,
-        servers: Sequence[str],
-        token: str,
+        servers: Sequence[str] | LocalServers,
+        token: str = "",
         *,
         trainer: int = 0,
         trainers: int = 1,
         sync: bool = False,
         optimizer: str | None = None,
         hparams: dict[str, Any] | None = None,
+        reduce: str = "mean",
         min_block_size: int = DEFAULT_MIN_BLOCK_SIZE,
         timeout: float | None = None,
     ) -> None:
-        self.client = Client(servers, token, timeout=timeout)
+        if not 0 <= trainer < trainers:
+            raise ValueError(f"kv trainer index {trainer} is not in [0, {trainers})")
+        self.client: Client | LocalServers = (
+            servers
+            if isinstance(servers, LocalServers)
+            else Client(servers, token, timeout=timeout)
+        )
         self.client.connect()
         self.trainer, self.trainers, self.sync = trainer, trainers, sync
-        self.optimizer, self.hparams = optimizer, dict(hparams or {})
+        self.optimizer, self.hparams, self.reduce = optimizer, dict(hparams or {}), reduce
         self.min_block_size = min_block_size
         self._layout: dict[str, tuple[torch.Size, torch.dtype, list[tuple[int, int, int]]]] = {}
         self._pushes: dict[str, int] = {}
+        self._barriers: dict[str, int] = {}
 
     def _blocks(self, key: str, shape: Sequence[int]) -> list[tuple[int, int, int]]:
         """(server, start, stop) of each block of ``key``."""
@@ -62,24 +73,62 @@ class KVClient:
     def _rows(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
         return (t.reshape(1) if t.dim() == 0 else t)[a:b]
 
-    def init(self, key: str, value: torch.Tensor) -> None:
-        """Create ``key`` on the servers with ``value`` (a no-op for a key that exists)."""
+    def _spec(self, key: str) -> dict[str, Any]:
+        spec: dict[str, Any] = {"key": key, "reduce": self.reduce}
+        if self.optimizer:
+            return spec | {
+                "update": "optimizer",
+                "optimizer": self.optimizer,
+                "hparams": self.hparams,
+            }
+        return spec | {"update": "assign"}
+
+    def init(self, key: str, value: torch.Tensor, *, send_value: bool = True) -> None:
+        """Create ``key`` on the servers with ``value`` (a no-op for a key that exists).
+        ``send_value=False`` records the layout only, for trainers that let another one's value
+        win (call ``barrier`` before using the key then)."""
         value = value.detach().cpu().contiguous()
         blocks = self._blocks(key, value.shape)
         self._layout[key] = (value.shape, value.dtype, blocks)
         self._pushes.setdefault(key, 0)
-        update = "optimizer" if self.optimizer else "assign"
         msgs: dict[int, Message] = {}
         for i, (server, a, b) in enumerate(blocks):
-            spec: dict[str, Any] = {"key": f"{_PREFIX}{key}/{i}", "update": update}
-            if self.optimizer:
-                spec |= {"optimizer": self.optimizer, "hparams": self.hparams}
+            spec = self._spec(f"{_PREFIX}{key}/{i}")
             msg = msgs.setdefault(
                 server, Message({"trainers": self.trainers, "sync": self.sync, "blocks": []})
             )
             msg.meta["blocks"].append(spec)
-            msg.tensors[spec["key"]] = self._rows(value, a, b)
+            if send_value:
+                msg.tensors[spec["key"]] = self._rows(value, a, b)
         self.client.call_all("init", msgs)
+
+    def set_optimizer(self, optimizer: str | None, hparams: dict[str, Any] | None = None) -> None:
+        """Make pushes gradients for ``optimizer`` (None: values to assign) from now on: for
+        keys created later, and, sent by this client, for every key it has created (fresh
+        optimizer state, values kept). Other trainers call it too, without ``reconfigure``."""
+        self.optimizer, self.hparams = optimizer, dict(hparams or {})
+
+    def reconfigure(self) -> None:
+        """Send the current optimizer setting to the servers for every key this client knows."""
+        msgs: dict[int, Message] = {}
+        for key, (_, _, blocks) in self._layout.items():
+            for i, (server, _, _) in enumerate(blocks):
+                msg = msgs.setdefault(server, Message({"blocks": []}))
+                msg.meta["blocks"].append(self._spec(f"{_PREFIX}{key}/{i}"))
+        if msgs:
+            self.client.call_all("configure", msgs)
+
+    def barrier(self, name: str = "kv") -> None:
+        """Return once every trainer called ``barrier(name)`` as often as this one."""
+        gen = self._barriers[name] = self._barriers.get(name, 0) + 1
+        meta = {"trainer": self.trainer, "trainers": self.trainers, "name": name, "generation": gen}
+        self.client.call_all("barrier", {s: Message(dict(meta)) for s in range(len(self.client))})
+
+    def stop(self) -> None:
+        """Tell every server this trainer is done (servers end once all trainers are)."""
+        if isinstance(self.client, Client):
+            msg = {"trainer": self.trainer}
+            self.client.call_all("stop", {s: Message(dict(msg)) for s in range(len(self.client))})
 
     def push(self, key: str, value: torch.Tensor) -> None:
         """Push ``value`` (a gradient, or the new value without an optimizer) for ``key``."""

@@ -60,6 +60,8 @@ class Server:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.checkpoint_every = checkpoint_every
         self._restores: dict[tuple[int, int], set[int]] = {}
+        self._stopped: set[int] = set()
+        self.finished = threading.Event()  # set once every trainer said stop (fleet.stop_worker)
         self._restored: set[tuple[int, int]] = set()
         self.restored_step: int | None = None
         if self.checkpoint_dir is not None:
@@ -151,6 +153,21 @@ class Server:
     def _do_barrier(self, msg: Message, deadline: float) -> Message:
         return self.state.barrier(msg, deadline)
 
+    def _do_configure(self, msg: Message, deadline: float) -> Message:
+        return self.state.configure(msg)
+
+    def _do_stop(self, msg: Message, deadline: float) -> Message:
+        """A trainer is done; once all are, ``finished`` is set and ``run_server`` returns."""
+        trainer = int(msg.meta.get("trainer", 0))
+        with self.state.cond:
+            if not 0 <= trainer < max(self.state.trainers, 1):
+                raise RequestError(f"trainer {trainer} is out of range ({self.state.trainers})")
+            self._stopped.add(trainer)
+            if len(self._stopped) >= max(self.state.trainers, 1):
+                log.info("server %d: every trainer stopped", self.index)
+                self.finished.set()
+        return Message({"stopped": len(self._stopped)})
+
     def _do_ping(self, msg: Message, deadline: float) -> Message:
         return Message(
             {
@@ -218,7 +235,8 @@ def run_server(
     checkpoint_every: int | None = None,
     env: dict[str, str] | None = None,
 ) -> None:
-    """Serve until terminated, with settings from the arguments or the launcher's environment
+    """Serve until every trainer has stopped (``fleet.stop_worker``) or the process is
+    terminated, with settings from the arguments or the launcher's environment
     (PADDLE_PORT / PADDLE_PSERVERS_IP_PORT_LIST / LONGBOAT_ROLE_RANK / the job token)."""
     server = make_server(
         endpoint,
@@ -293,12 +311,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _serve_until_signal(server: Server) -> None:
-    """Block until SIGTERM/SIGINT (main thread) or the server terminates, then stop it."""
+    """Block until SIGTERM/SIGINT (main thread) or every trainer stopped, then stop it."""
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(1.0):
+    while not stop.wait(0.2) and not server.finished.is_set():
         pass
     server.stop(1.0)
 

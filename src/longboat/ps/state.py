@@ -5,7 +5,8 @@ effect depends on the block's ``update``: "optimizer" (a server-side optimizer s
 "sum" (the value becomes the mean gradient: trainers run the optimizer), "delta" (geo: the
 value moves by the pushed delta) or "assign" (kv default: the value becomes the push). In
 sync jobs a block waits for all trainers' pushes of one step, sums them in trainer order and
-divides by the number of trainers before applying once. Sparse tables are sharded by row id
+divides by the number of trainers before applying once (blocks with ``reduce="sum"``, as
+MXNet's KVStore has them, skip the division). Sparse tables are sharded by row id
 (``id % num_servers``) and updated per touched row.
 """
 
@@ -26,6 +27,7 @@ from longboat.ps.sparse import initial_rows
 from longboat.ps.wire import Message
 
 UPDATES = ("optimizer", "sum", "delta", "assign")
+REDUCES = ("mean", "sum")
 
 
 class RequestError(ValueError):
@@ -47,6 +49,7 @@ class DenseBlock:
     opt: torch.optim.Optimizer | None = None
     version: int = 0
     pending: dict[int, torch.Tensor] = field(default_factory=dict)
+    reduce: str = "mean"  # how one step's pushes of all trainers combine (sync), or scale (async)
 
 
 @dataclass
@@ -76,7 +79,7 @@ class ServerState:
         self.tables: dict[str, Table] = {}
         self.trainers = 0
         self.digest = ""
-        self.barriers: dict[int, set[int]] = {}
+        self.barriers: dict[tuple[str, int], set[int]] = {}
         self.on_version: Callable[[int], None] | None = None  # periodic checkpoints
 
     # ---- init ---------------------------------------------------------------------------
@@ -112,20 +115,31 @@ class ServerState:
         value = tensors.get(key)
         if value is None:
             return  # another trainer brings the value
-        update = spec.get("update", "optimizer")
-        if update not in UPDATES:
-            raise RequestError(f"block {key!r}: update must be one of {UPDATES}, got {update!r}")
-        name = spec.get("optimizer") if update == "optimizer" else None
-        hparams = spec.get("hparams") or {}
-        if not isinstance(hparams, dict):
-            raise RequestError(f"block {key!r}: hparams must be an object")
-        block = DenseBlock(value.clone(), update, sync, name, hparams, _int(spec, "group", 0))
-        if name is not None:
-            try:
-                block.opt = optim.make_dense(name, [block.value], hparams)
-            except ValueError as exc:
-                raise RequestError(f"block {key!r}: {exc}") from None
-        self.blocks[key] = block
+        self.blocks[key] = _make_block(key, spec, value.clone(), sync)
+
+    def configure(self, msg: Message) -> Message:
+        """Change the update rule (and optimizer) of existing blocks: a fresh optimizer state,
+        the value kept. Refused for a block with pushes of a half-finished sync step."""
+        with self.cond:
+            specs = _list(msg.meta, "blocks")
+            for spec in specs:
+                key = spec.get("key") if isinstance(spec, dict) else None
+                block = self.blocks.get(key) if isinstance(key, str) else None
+                if block is None:
+                    raise RequestError(f"configure: server {self.index} holds no block {key!r}")
+                if block.pending:
+                    raise RequestError(
+                        f"configure: block {key!r} has pushes of step {block.version} from "
+                        f"trainers {sorted(block.pending)} waiting for the others; change the "
+                        "optimizer between steps"
+                    )
+            for spec in specs:
+                old = self.blocks[spec["key"]]
+                new = _make_block(spec["key"], spec, old.value, old.sync)
+                new.version = old.version
+                self.blocks[spec["key"]] = new
+            self.cond.notify_all()
+        return Message({"configured": len(specs)})
 
     def _init_table(self, spec: Any, sync: bool) -> None:
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
@@ -220,8 +234,8 @@ class ServerState:
         self, key: str, block: DenseBlock, grad: torch.Tensor, trainer: int, step: int, lr: Any
     ) -> None:
         if not block.sync:
-            if block.update == "optimizer":  # a new tensor: the wire's view is read-only
-                grad = grad / self.trainers
+            if block.update == "optimizer" and block.reduce == "mean":
+                grad = grad / self.trainers  # a new tensor: the wire's view is read-only
             self._apply_block(block, grad, lr)
             return
         if step != block.version:
@@ -237,7 +251,7 @@ class ServerState:
             for t in range(1, self.trainers):
                 total = total + block.pending[t]
             block.pending.clear()
-            self._apply_block(block, total / self.trainers, lr)
+            self._apply_block(block, total / self.trainers if block.reduce == "mean" else total, lr)
             self._bumped(block.version)
 
     def _apply_block(self, block: DenseBlock, grad: torch.Tensor, lr: Any) -> None:
@@ -340,22 +354,27 @@ class ServerState:
             return wire.encode(Message({}, out))
 
     def barrier(self, msg: Message, deadline: float) -> Message:
-        """Return once all trainers reached barrier ``generation``."""
+        """Return once all trainers reached barrier ``generation`` of the barrier ``name``
+        (independent counters: the engine's, kv's and fleet's barriers never mix)."""
         trainer, gen = _int(msg.meta, "trainer", 0), _int(msg.meta, "generation", 0)
+        name = msg.meta.get("name", "")
+        if not isinstance(name, str):
+            raise RequestError("barrier 'name' must be a string")
         with self.cond:
+            self.trainers = self.trainers or _int(msg.meta, "trainers", 0)
             if not 0 <= trainer < max(self.trainers, 1):
                 raise RequestError(f"trainer {trainer} is out of range (job has {self.trainers})")
-            self.barriers.setdefault(gen, set()).add(trainer)
-            for old in [g for g in self.barriers if g < gen - 1]:
+            self.barriers.setdefault((name, gen), set()).add(trainer)
+            for old in [k for k in self.barriers if k[0] == name and k[1] < gen - 1]:
                 del self.barriers[old]
             self.cond.notify_all()
             self._wait(
                 lambda: (
-                    len(self.barriers.get(gen, ())) >= self.trainers
-                    or any(g > gen for g in self.barriers)
+                    len(self.barriers.get((name, gen), ())) >= max(self.trainers, 1)
+                    or any(n == name and g > gen for n, g in self.barriers)
                 ),
                 deadline,
-                f"all {self.trainers} trainers at barrier {gen}",
+                f"all {self.trainers} trainers at barrier {name or 'step'} {gen}",
             )
         return Message({})
 
@@ -385,6 +404,7 @@ class ServerState:
                             "sync": b.sync,
                             "optimizer": b.optimizer,
                             "hparams": b.hparams,
+                            "reduce": b.reduce,
                         }
                     ),
                     "opt": b.opt.state_dict() if b.opt is not None else {},
@@ -429,6 +449,7 @@ class ServerState:
                     cfg["hparams"],
                     cfg["group"],
                     version=int(saved["version"]),
+                    reduce=cfg.get("reduce", "mean"),
                 )
                 if cfg["optimizer"] is not None:
                     block.opt = optim.make_dense(cfg["optimizer"], [block.value], cfg["hparams"])
@@ -455,6 +476,27 @@ class ServerState:
             vs = [b.version for b in self.blocks.values() if b.sync]
             vs += [t.version for t in self.tables.values() if t.sync]
             return min(vs) if vs else 0
+
+
+def _make_block(key: str, spec: dict[str, Any], value: torch.Tensor, sync: bool) -> DenseBlock:
+    """A block holding ``value`` configured by ``spec`` (update, optimizer, hparams, ...)."""
+    update = spec.get("update", "optimizer")
+    if update not in UPDATES:
+        raise RequestError(f"block {key!r}: update must be one of {UPDATES}, got {update!r}")
+    reduce = spec.get("reduce", "mean")
+    if reduce not in REDUCES:
+        raise RequestError(f"block {key!r}: reduce must be one of {REDUCES}, got {reduce!r}")
+    name = spec.get("optimizer") if update == "optimizer" else None
+    hparams = spec.get("hparams") or {}
+    if not isinstance(hparams, dict):
+        raise RequestError(f"block {key!r}: hparams must be an object")
+    block = DenseBlock(value, update, sync, name, hparams, _int(spec, "group", 0), reduce=reduce)
+    if name is not None:
+        try:
+            block.opt = optim.make_dense(name, [block.value], hparams)
+        except ValueError as exc:
+            raise RequestError(f"block {key!r}: {exc}") from None
+    return block
 
 
 def _int(meta: dict[str, Any], key: str, default: int) -> int:
