@@ -140,8 +140,11 @@ def test_refusals_name_the_fix():
     import longboat.fleet as fleet
 
     fleet.init(fleet.UserDefinedRoleMaker(0, fleet.Role.WORKER, 1))  # parameter-server mode
-    for call in (fleet.init_worker, fleet.init_server, fleet.run_server, fleet.stop_worker):
-        with pytest.raises(NotImplementedError, match="is_collective=True"):
+    for call in (fleet.init_worker, fleet.stop_worker, fleet.barrier_worker):
+        with pytest.raises(fleet.FleetError, match="no parameter servers known"):
+            call()
+    for call in (fleet.init_server, fleet.run_server):
+        with pytest.raises(fleet.FleetError, match="server process"):
             call()
     try:
         with pytest.raises(fleet.FleetError, match="rank 0 of 1"):

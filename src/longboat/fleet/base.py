@@ -3,8 +3,11 @@
 Collective mode maps one to one: ``fleet.init(is_collective=True)`` is ``lb.init``,
 ``fleet.distributed_optimizer`` + ``fleet.distributed_model`` are one ``lb.distribute`` call
 (whichever comes second makes it), ``minimize(loss)`` is backward + step + clear_grad.
-Parameter-server mode (``init_worker`` / ``init_server`` / ``run_server`` / ``stop_worker``)
-needs ``longboat.ps``.
+Parameter-server mode (``fleet.init()`` without ``is_collective``) runs on ``longboat.ps``:
+``init_server`` / ``run_server`` in server processes (serving until every worker called
+``stop_worker``), and in workers ``distributed_optimizer`` + ``distributed_model`` connect the
+model to the servers (``lb.distribute`` with ``mode="ps"``; the strategy's ``a_sync`` and
+``a_sync_configs`` pick sync / async / half-async / geo).
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ from longboat.checkpoint import load_checkpoint, save_checkpoint
 from longboat.collective.engine import distribute
 from longboat.collective.model import DistributedModel
 from longboat.fleet.role_maker import PaddleCloudRoleMaker, RoleMakerBase
+from longboat.ps import auth
+from longboat.ps.engine import PSModel
+from longboat.ps.engine import distribute as ps_distribute
+from longboat.ps.kv import KVClient
+from longboat.ps.server import Server, make_server, serve_until_done
 from longboat.strategy import Strategy
 
 PERSISTABLES = "persistables.pt"
@@ -105,7 +113,9 @@ class Fleet:
         self._role: RoleMakerBase | None = None
         self._strategy: Strategy | None = None
         self._optimizer: DistributedOptimizer | None = None
-        self._model: DistributedModel | None = None
+        self._model: DistributedModel | PSModel | None = None
+        self._server: Server | None = None
+        self._kv: KVClient | None = None  # PS-mode barriers and stop, beside the model's engine
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -122,7 +132,7 @@ class Fleet:
             role_maker.is_collective = True
         self._role = role_maker
         self._strategy = strategy
-        self._optimizer, self._model = None, None
+        self._optimizer, self._model, self._server, self._kv = None, None, None, None
         if role_maker.is_collective:
             info = cluster.init(strategy)
             if (role_maker.worker_index(), role_maker.worker_num()) != (
@@ -174,31 +184,93 @@ class Fleet:
         return ",".join(eps) if to_string else eps
 
     def barrier_worker(self) -> None:
-        """Wait for every worker (bounded by the job timeout)."""
-        if not self.is_collective():
-            self._ps("barrier_worker")
-        cluster.barrier()
+        """Wait for every worker (collective: bounded by the job timeout; parameter-server
+        mode: through the servers, bounded by LONGBOAT_PS_TIMEOUT, after this worker's last
+        parameter pull has landed in the model)."""
+        if self.is_collective():
+            cluster.barrier()
+            return
+        kv = self._worker_kv("barrier_worker")
+        if isinstance(self._model, PSModel):
+            self._model.engine.synchronize()
+        kv.barrier("fleet")
 
     # -- parameter-server mode --------------------------------------------------------------------
 
-    def _ps(self, what: str) -> Any:
-        raise NotImplementedError(
-            f"fleet.{what}() belongs to parameter-server mode, which longboat.fleet does not "
-            "wire to longboat.ps yet; use collective mode (fleet.init(is_collective=True)), or "
-            "longboat.ps directly: lb.Strategy(mode='ps') and lb.ps.run_server() (docs/ps.md)"
+    def _need(self, what: str, server: bool) -> None:
+        role = self._role_maker()
+        if role.is_collective:
+            raise FleetError(
+                f"fleet.{what}() belongs to parameter-server mode, but fleet.init(...) was "
+                "collective: call fleet.init() without is_collective=True (and start the job "
+                "with `longboat launch --servers N --workers M`)"
+            )
+        if role.is_server() != server:
+            here, there = ("a worker", "server") if server else ("a server", "worker")
+            raise FleetError(
+                f"fleet.{what}() runs in a {there} process, but this process is {here} "
+                f"({role!r}); branch on fleet.is_server() / fleet.is_worker()"
+            )
+
+    def _ps_location(self) -> dict[str, Any]:
+        """Servers and this worker's index for longboat.ps (role maker's endpoints if any)."""
+        role = self._role_maker()
+        servers = role.server_endpoints() or None
+        return {"servers": servers, "trainer": role.worker_index(), "trainers": role.worker_num()}
+
+    def _worker_kv(self, what: str) -> KVClient:
+        self._need(what, server=False)
+        if self._kv is None:
+            where = self._ps_location()
+            if where["servers"] is None:
+                raise FleetError(
+                    f"fleet.{what}(): no parameter servers known; start with `longboat launch "
+                    "--servers N --workers M` or give UserDefinedRoleMaker(server_endpoints=...)"
+                )
+            self._kv = KVClient(
+                where["servers"],
+                auth.load_token(),
+                trainer=where["trainer"],
+                trainers=where["trainers"],
+            )
+        return self._kv
+
+    def init_worker(self, scopes: Any = None) -> None:
+        """Check this is a worker and its servers answer (the connection of the model happens
+        in distributed_model, which needs the optimizer and the model)."""
+        self._worker_kv("init_worker")
+
+    def init_server(self, dirname: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
+        """Create this process's parameter server (not serving yet). ``dirname``: a server
+        checkpoint directory (``lb.ps.save``) to restore from and save to."""
+        self._need("init_server", server=True)
+        role = self._role_maker()
+        endpoints = role.server_endpoints()
+        self._server = make_server(
+            endpoints[role.server_index()] if endpoints else None,
+            index=role.server_index(),
+            num_servers=len(endpoints) or None,
+            checkpoint_dir=os.fspath(dirname) if dirname is not None else None,
         )
 
-    def init_worker(self, *args: Any, **kwargs: Any) -> None:
-        self._ps("init_worker")
-
-    def init_server(self, *args: Any, **kwargs: Any) -> None:
-        self._ps("init_server")
-
     def run_server(self) -> None:
-        self._ps("run_server")
+        """Serve until every worker called ``stop_worker`` (or the process is terminated)."""
+        self._need("run_server", server=True)
+        if self._server is None:
+            self.init_server()
+        assert self._server is not None
+        serve_until_done(self._server.start())
 
     def stop_worker(self) -> None:
-        self._ps("stop_worker")
+        """Flush this worker's updates, disconnect, and tell the servers it is done."""
+        kv = self._worker_kv("stop_worker")
+        if isinstance(self._model, PSModel):
+            self._model.engine.close()
+        try:
+            kv.stop()
+        finally:
+            kv.close()
+            self._kv = None
 
     # -- training -------------------------------------------------------------------------------
 
@@ -210,10 +282,15 @@ class Fleet:
     ) -> DistributedOptimizer:
         """Wrap ``optimizer``; ``strategy`` (else fleet.init's) configures the training."""
         if not self.is_collective():
-            self._ps("distributed_optimizer")
+            self._need("distributed_optimizer", server=False)
         if strategy is not None:
             self._strategy = strategy
         self._optimizer = DistributedOptimizer(self, optimizer, self._the_strategy())
+        if self._model is not None and not self.is_collective():
+            raise FleetError(
+                "parameter-server mode: call fleet.distributed_optimizer(...) before "
+                "fleet.distributed_model(...), which sends the optimizer to the servers"
+            )
         if self._model is not None:  # distributed_model came first
             needs = [f for f in _OPTIMIZER_FIELDS if getattr(self._the_strategy(), f)]
             if needs:
@@ -224,10 +301,11 @@ class Fleet:
             self._optimizer._bound = optimizer
         return self._optimizer
 
-    def distributed_model(self, model: nn.Module) -> DistributedModel:
-        """``lb.distribute(model, <the distributed optimizer>, strategy)``; returns the model."""
+    def distributed_model(self, model: nn.Module) -> DistributedModel | PSModel:
+        """``lb.distribute(model, <the distributed optimizer>, strategy)``; returns the model
+        (in parameter-server mode connected to the servers, which the first worker seeds)."""
         if not self.is_collective():
-            self._ps("distributed_model")
+            return self._ps_model(model)
         inner = self._optimizer.inner_opt if self._optimizer is not None else None
         wrapped, optimizer = distribute(model, inner, self._the_strategy())
         if self._optimizer is not None:
@@ -235,16 +313,35 @@ class Fleet:
         self._model = wrapped
         return wrapped
 
+    def _ps_model(self, model: nn.Module) -> PSModel:
+        self._need("distributed_model", server=False)
+        if self._optimizer is None:
+            raise FleetError(
+                "parameter-server mode: call fleet.distributed_optimizer(optimizer, strategy) "
+                "before fleet.distributed_model(model); the servers run that optimizer"
+            )
+        strategy = self._the_strategy().copy()
+        strategy.mode = "ps"
+        wrapped, optimizer = ps_distribute(
+            model, self._optimizer.inner_opt, strategy, token=auth.load_token(),
+            **self._ps_location(),
+        )  # fmt: skip
+        self._optimizer._bound = optimizer  # type: ignore[assignment]
+        self._model = wrapped
+        return wrapped
+
     # -- persistence ----------------------------------------------------------------------------
 
     def _state_owner(self, main_program: Any) -> nn.Module:
         model = main_program if isinstance(main_program, nn.Module) else self._model
+        if isinstance(model, PSModel):
+            model.engine.synchronize()  # the pulled parameters of the last step
         if model is None:
             raise FleetError(
                 "nothing to save or load: call fleet.distributed_model(model) first, or pass "
                 "the model as main_program"
             )
-        return model.module if isinstance(model, DistributedModel) else model
+        return model.module if isinstance(model, DistributedModel | PSModel) else model
 
     def save_persistables(
         self,

@@ -247,7 +247,7 @@ def run_server(
         checkpoint_every=checkpoint_every,
         env=env,
     )
-    _serve_until_signal(server.start())
+    serve_until_done(server.start())
 
 
 def make_server(
@@ -307,10 +307,10 @@ def main(argv: list[str] | None = None) -> None:
         tmp = Path(a.port_file + ".tmp")
         tmp.write_text(server.endpoint)
         tmp.replace(a.port_file)
-    _serve_until_signal(server)
+    serve_until_done(server)
 
 
-def _serve_until_signal(server: Server) -> None:
+def serve_until_done(server: Server) -> None:
     """Block until SIGTERM/SIGINT (main thread) or every trainer stopped, then stop it."""
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
