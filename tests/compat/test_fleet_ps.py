@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import longboat as lb
 from longboat.fleet.base import Fleet, FleetError
 from longboat.fleet.role_maker import Role, UserDefinedRoleMaker
 from tests.collective import _workloads as W
@@ -61,6 +62,9 @@ def test_misuse_is_named():
     with pytest.raises(FleetError, match="worker process"):
         server.distributed_optimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), 0.1))
     collective = Fleet()
-    collective.init(UserDefinedRoleMaker(is_collective=True, worker_num=1))
-    with pytest.raises(FleetError, match="parameter-server mode"):
-        collective.run_server()
+    collective.init(UserDefinedRoleMaker(is_collective=True, worker_num=1))  # joins: lb.init
+    try:
+        with pytest.raises(FleetError, match="parameter-server mode"):
+            collective.run_server()
+    finally:
+        lb.shutdown()  # the next tests must not see this process as a cluster member
