@@ -116,6 +116,40 @@ def _errors(rank: int, out: dict) -> None:
         out["model_mismatch"] = str(e)
 
 
+def _flush(rank: int, out: dict) -> None:
+    """Reducer.flush() through the facade (synchronize() after 1 of 3 passes) and directly
+    on a reducer from the public build_reducer."""
+    import longboat.horovod.torch as hvd
+    from longboat.collective.engine import build_reducer
+    from longboat.strategy import Strategy
+
+    x = torch.ones(2, 4) * (rank + 1)
+    model = _small()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=3,
+    )
+    model(x).sum().backward()
+    opt.synchronize()  # fewer than 3 passes: reduces what accumulated
+    out["partial_sync_grads"] = [p.grad.clone() for p in model.parameters()]
+    opt.zero_grad()
+
+    model = _small()
+    reducer, _ = build_reducer(list(model.named_parameters()), Strategy(), None)
+    try:
+        reducer.flush()
+    except RuntimeError as e:
+        out["flush_unprepared"] = str(e)
+    reducer.prepare(sync=False, divisor=WORLD)
+    model(x).sum().backward()  # accumulates locally: nothing is communicated
+    out["local_grads"] = [p.grad.clone() for p in model.parameters()]
+    reducer.prepare(sync=True, divisor=WORLD)
+    reducer.flush()
+    out["flushed_grads"] = [p.grad.clone() for p in model.parameters()]
+    reducer.remove_hooks()
+
+
 def _objects(rank: int, out: dict) -> None:
     import longboat.horovod.torch as hvd
 
@@ -166,6 +200,7 @@ def _all(rank: int, world: int) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no stray warnings in the plain flow
         _errors(rank, out)
+        _flush(rank, out)
     _objects(rank, out)
     hvd.shutdown()
     return out
@@ -213,6 +248,22 @@ def test_horovod_errors_and_manual_synchronize(ranks):
     for out in ranks:
         for got, ref in zip(out["manual_sync_grads"], single, strict=True):
             torch.testing.assert_close(got, ref)
+
+
+def test_flush_reduces_outside_backward(ranks):
+    singles = []
+    for r in range(WORLD):
+        model = _small()
+        model(torch.ones(2, 4) * (r + 1)).sum().backward()
+        singles.append([p.grad for p in model.parameters()])
+    average = [sum(gs) / WORLD for gs in zip(*singles, strict=True)]
+    for rank, out in enumerate(ranks):
+        assert "prepare(sync=True" in out["flush_unprepared"]
+        for got, own in zip(out["local_grads"], singles[rank], strict=True):
+            torch.testing.assert_close(got, own)  # sync=False: still this rank's own
+        for key in ("partial_sync_grads", "flushed_grads"):
+            for got, ref in zip(out[key], average, strict=True):
+                torch.testing.assert_close(got, ref)
 
 
 def test_broadcast_and_allgather_objects(ranks):

@@ -232,6 +232,26 @@ class Reducer:
         if self._flags_handle_separate and bucket.index == len(self._buckets) - 1:
             self._flags_handle = self._flag_fns[bucket.comm](self._flags)
 
+    def flush(self) -> None:
+        """Reduce now, outside backward, and write the averaged gradients to ``.grad``.
+
+        Every gradient not yet in its bucket is taken from its parameter's current ``.grad``
+        (zeros where that is None), every bucket is launched and waited for, and each
+        ``.grad`` then points at its averaged slot, exactly as at the end of a communicating
+        backward pass.
+
+        A communicating backward flushes by itself when it ends: call this only to reduce
+        gradients that no communicating backward will, e.g. ones accumulated locally over
+        passes prepared with ``sync=False``. Call :meth:`prepare` with ``sync=True`` first,
+        not while a backward pass is running, and on every rank at the same point (it runs
+        the collectives). ``hvd.DistributedOptimizer.synchronize()`` does this after fewer
+        than ``backward_passes_per_step`` passes.
+        """
+        if not (self._prepared and self._sync):
+            raise RuntimeError("Reducer.flush() needs prepare(sync=True, divisor=...) first")
+        self.mark_unused(range(len(self.params)))  # launches every bucket, in plan order
+        self._finalize()
+
     def _finalize(self) -> None:
         """End of backward: launch the rest, wait, check usage, write averaged gradients."""
         if self.observer is not None:

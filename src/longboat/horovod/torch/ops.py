@@ -74,8 +74,11 @@ def _register(works: list[Work], grouped: bool = False) -> int:
     return handle
 
 
-def resolve_op(op: Any, average: bool | None) -> ReduceOp:
-    """Horovod's rule: ``op`` supersedes the deprecated ``average``; default Average."""
+def resolve_op(op: Any, average: bool | None, stacklevel: int = 3) -> ReduceOp:
+    """Horovod's rule: ``op`` supersedes the deprecated ``average``; default Average.
+
+    ``stacklevel`` points the deprecation warning at the user's call (3: the caller's caller).
+    """
     if op is not None:
         if average is not None:
             raise ValueError(
@@ -86,7 +89,7 @@ def resolve_op(op: Any, average: bool | None) -> ReduceOp:
         warnings.warn(
             "Parameter `average` has been replaced with `op` and will be removed",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         chosen = Average if average else Sum
     else:
@@ -139,6 +142,28 @@ def _fresh(tensor: torch.Tensor) -> torch.Tensor:
     return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
 
 
+def _start_allreduce(
+    tensors: Sequence[torch.Tensor],
+    in_place: bool,
+    grouped: bool,
+    average: bool | None,
+    name: str | None,
+    op: ReduceOp | None,
+    pre: float,
+    post: float,
+    process_set: Any,
+) -> int:
+    """The four allreduce_async variants: ``tensors`` reduced into themselves (``in_place``)
+    or into new tensors, as one op (``[tensor]``) or as one named group (``grouped``)."""
+    _check_process_set(process_set)
+    reduce_op = resolve_op(op, average, stacklevel=4)  # warn at the caller of *_async(_)
+    outputs = tensors if in_place else [_fresh(t) for t in tensors]
+    if grouped:
+        works = _grouped_works(tensors, outputs, name, reduce_op, pre, post)
+        return _register(works, grouped=True)
+    return _register([_allreduce_work(tensors[0], outputs[0], name, reduce_op, pre, post)])
+
+
 # -- allreduce ------------------------------------------------------------------------------
 
 
@@ -152,12 +177,9 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start reducing ``tensor`` across ranks into a new tensor; returns a handle."""
-    _check_process_set(process_set)
-    reduce_op = resolve_op(op, average)
-    work = _allreduce_work(
-        tensor, _fresh(tensor), name, reduce_op, prescale_factor, postscale_factor
+    return _start_allreduce(
+        [tensor], False, False, average, name, op, prescale_factor, postscale_factor, process_set
     )
-    return _register([work])
 
 
 def allreduce_async_(
@@ -170,10 +192,9 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start reducing ``tensor`` in place; returns a handle."""
-    _check_process_set(process_set)
-    reduce_op = resolve_op(op, average)
-    work = _allreduce_work(tensor, tensor, name, reduce_op, prescale_factor, postscale_factor)
-    return _register([work])
+    return _start_allreduce(
+        [tensor], True, False, average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
 def allreduce_(
@@ -253,11 +274,9 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start reducing a list of tensors as one fused group; the handle yields a list."""
-    _check_process_set(process_set)
-    reduce_op = resolve_op(op, average)
-    outputs = [_fresh(t) for t in tensors]
-    works = _grouped_works(tensors, outputs, name, reduce_op, prescale_factor, postscale_factor)
-    return _register(works, grouped=True)
+    return _start_allreduce(
+        tensors, False, True, average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
 def grouped_allreduce_async_(
@@ -270,10 +289,9 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start reducing a list of tensors in place as one group."""
-    _check_process_set(process_set)
-    reduce_op = resolve_op(op, average)
-    works = _grouped_works(tensors, tensors, name, reduce_op, prescale_factor, postscale_factor)
-    return _register(works, grouped=True)
+    return _start_allreduce(
+        tensors, True, True, average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
 def grouped_allreduce_(
@@ -374,6 +392,16 @@ def _check_root(root_rank: int) -> int:
     return int(root_rank)
 
 
+def _start_broadcast(
+    tensor: torch.Tensor, in_place: bool, root_rank: int, name: str | None, process_set: Any
+) -> int:
+    """broadcast_async(_): into ``tensor`` itself (``in_place``) or into a new tensor."""
+    _check_process_set(process_set)
+    root = _check_root(root_rank)
+    output = tensor.data if in_place else tensor.detach().clone()
+    return _register([_submit(BROADCAST, tensor, name, output, root=root)])
+
+
 def broadcast_async(
     tensor: torch.Tensor,
     root_rank: int,
@@ -381,9 +409,7 @@ def broadcast_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start copying ``root_rank``'s ``tensor`` into a new tensor on every rank."""
-    _check_process_set(process_set)
-    root = _check_root(root_rank)
-    return _register([_submit(BROADCAST, tensor, name, tensor.detach().clone(), root=root)])
+    return _start_broadcast(tensor, False, root_rank, name, process_set)
 
 
 def broadcast_async_(
@@ -393,9 +419,7 @@ def broadcast_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start overwriting ``tensor`` with ``root_rank``'s, in place."""
-    _check_process_set(process_set)
-    root = _check_root(root_rank)
-    return _register([_submit(BROADCAST, tensor, name, tensor.data, root=root)])
+    return _start_broadcast(tensor, True, root_rank, name, process_set)
 
 
 def broadcast_(

@@ -1,12 +1,12 @@
 """``hvd.DistributedOptimizer``: Horovod's optimizer wrapper on longboat's gradient reducer.
 
 Gradients are averaged by the same :class:`~longboat.collective.reducer.Reducer` that
-``lb.distribute`` installs: per-parameter hooks fill fused buckets (``fuse_grad_size_in_MB``,
-or ``HOROVOD_FUSION_THRESHOLD`` bytes; 0 turns fusion off) that are allreduced asynchronously
-while backward goes on, on ``nccl_comm_num`` communicators, optionally as float16
-(``compression=hvd.Compression.fp16``: the core's fp16 compressor). Bucket order is fixed by
-the parameter list, which is checked to be the same on every rank when the optimizer is built,
-so no per-step negotiation is needed.
+``lb.distribute`` installs, built by the core's ``build_reducer``: per-parameter hooks fill
+fused buckets (``fuse_grad_size_in_MB``, or ``HOROVOD_FUSION_THRESHOLD`` bytes; 0 turns fusion
+off) that are allreduced asynchronously while backward goes on, on ``nccl_comm_num``
+communicators, optionally as float16 (``compression=hvd.Compression.fp16``: the core's fp16
+compressor). Bucket order is fixed by the parameter list, which is checked to be the same on
+every rank when the optimizer is built, so no per-step negotiation is needed.
 
 ``backward_passes_per_step=k``: the first k-1 backward passes accumulate locally; the k-th
 reduces the accumulated sum. ``step()`` (unless inside ``skip_synchronize()``) first calls
@@ -25,13 +25,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from longboat.collective.buckets import BucketPlan
-from longboat.collective.engine import _allreduce_fns, _build_reducer, _compression
+from longboat.collective.engine import build_reducer
 from longboat.collective.reducer import Reducer
-from longboat.comm.compress import make_compressor
 from longboat.comm.exchange import allgather_bytes
 from longboat.horovod.torch import basics
 from longboat.horovod.torch.compression import Compression, Compressor
@@ -87,8 +85,7 @@ class _DistributedOptimizer:
         if 0 < self._hvd_passes < self.backward_passes_per_step:
             reducer = self._hvd_reducer
             reducer.prepare(sync=True, divisor=self._hvd_divisor)
-            reducer.mark_unused(range(len(reducer.params)))  # launches every bucket
-            reducer._finalize()  # waits and writes the averages back (core: no public flush)
+            reducer.flush()
         self._hvd_passes = 0
         self._hvd_synchronized = True
 
@@ -170,6 +167,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     _check_same_everywhere(named)
     strategy = _strategy(compression)
     plan = _explicit_plan(named, groups) if groups else None
+    if plan is not None:  # Horovod's groups have always run without the one-in-flight chain
+        strategy.sync_nccl_allreduce = False
     base = type(optimizer)
     optimizer.__class__ = type(base.__name__, (_DistributedOptimizer, base), {})
     opt: Any = optimizer
@@ -183,7 +182,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         )
         for name, p in named
     ]
-    opt._hvd_reducer, opt._hvd_compressors = _reducer(named, strategy, optimizer, plan)
+    # the core's reducer and its compressors; with Horovod's ``groups``, over that plan
+    opt._hvd_reducer, opt._hvd_compressors = build_reducer(named, strategy, optimizer, plan)
     return optimizer
 
 
@@ -251,25 +251,6 @@ def _strategy(compression: type[Compressor]) -> Strategy:
     if compression is Compression.fp16:
         strategy.fp16_allreduce = True
     return strategy
-
-
-def _reducer(
-    named: list[tuple[str, nn.Parameter]],
-    strategy: Strategy,
-    optimizer: torch.optim.Optimizer,
-    plan: BucketPlan | None,
-) -> tuple[Reducer, list[Any]]:
-    """The core's reducer and its compressors; with Horovod's ``groups``, over that plan."""
-    _, comms, fns = _allreduce_fns(strategy)
-    compression = _compression(strategy, optimizer)
-    if plan is None:
-        return _build_reducer(named, strategy, comms, fns, compression)
-    name, config = compression  # none or fp16 here: neither needs the lossy-flag path
-    compressors = [make_compressor(name, fn, g, config) for fn, g in zip(fns, comms, strict=True)]
-    reducer = Reducer(
-        named, plan, compressors, world_size=dist.get_world_size(), find_unused_parameters=True
-    )
-    return reducer, compressors
 
 
 def _explicit_plan(
