@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,115 @@ def test_finished_reads_future_state(value: bool) -> None:
     if value:
         f.set_result(None)
     assert finished(f) is value
+
+
+def _named_waits(rank: int, world_size: int) -> list[str]:
+    """Rank 1 is late (2.5 s) for a barrier, a SyncBatchNorm forward and a local-SGD averaging;
+    rank 0 (stall_warning_seconds=1) returns its warnings."""
+    from collections import OrderedDict
+
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    import longboat as lb
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("longboat.stall").addHandler(Keep(logging.WARNING))
+    strategy = lb.Strategy(
+        stall_warning_seconds=1,
+        sync_batch_norm=True,
+        localsgd=True,
+        localsgd_configs={"k_steps": 1, "begin_step": 1},
+    )
+    lb.init(strategy)
+    torch.manual_seed(0)
+    layers = [("fc", nn.Linear(4, 4)), ("bn1", nn.BatchNorm1d(4)), ("head", nn.Linear(4, 2))]
+    model = nn.Sequential(OrderedDict(layers))
+    model, opt = lb.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
+    late = 2.5 if rank == 1 else 0.0
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    time.sleep(late)
+    lb.barrier()  # rank 0 waits here: "barrier"
+    records.append("-- barrier done")
+    time.sleep(late)
+    loss = F.cross_entropy(model(x), y)  # rank 0 waits in bn1's forward allreduce
+    records.append("-- forward done")
+    loss.backward()
+    time.sleep(late)
+    opt.step()  # rank 0 waits in the parameter averaging
+    records.append("-- step done")
+    return records
+
+
+def test_barrier_sync_bn_and_local_sgd_waits_are_named() -> None:
+    warned = run_ranks(_named_waits, 2, timeout=90)
+    assert [w for w in warned[1] if not w.startswith("--")] == []  # rank 1 never waited
+    stages: dict[str, list[str]] = {}
+    current: list[str] = []
+    for w in warned[0]:
+        if w.startswith("--"):
+            stages[w], current = current, []
+        else:
+            current.append(w)
+    barrier = stages["-- barrier done"]
+    assert barrier and barrier[0].startswith("rank 0 has waited 1.")
+    assert "for the barrier (collective #3)" in barrier[0]  # after model check and broadcast
+    assert (
+        "Missing ranks: 1: [not at it yet; last collective: after #2 broadcast of parameters]"
+        in barrier[0]
+    )
+    bn = stages["-- forward done"]
+    assert bn and "for the sync BN statistics of bn1 (collective #4)" in bn[0]
+    assert "Missing ranks: 1: [not at it yet; last collective: after #3 barrier]" in bn[0]
+    averaging = stages["-- step done"]
+    assert averaging and "for the local SGD averaging of bucket 0 (collective #" in averaging[0]
+    assert "sync BN gradient statistics of bn1" in averaging[0]  # rank 1's last one: backward
+
+
+def test_bucket_names_follow_an_auto_reducer_switch() -> None:
+    """Launch m maps to a bucket of the reducer installed when m was launched: after a switch at
+    launch 3 from 3 buckets to 2, launch 4 is the new bucket 0 (not (4 - 1) % 2 = 1)."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    from longboat.collective.autotune import AutoTuner, Candidate
+    from longboat.trace.stall import StallWatch
+
+    store = dist.HashStore()
+    old = [["c.weight"], ["b.weight"], ["a.weight"]]
+    new = [["y.weight", "x.weight"], ["z.weight"]]
+    watch = StallWatch(store, "switch", 0, 2, old, warning_s=60.0)
+    try:
+        for b in range(3):  # one step of the old reducer, completed
+            done: torch.futures.Future = torch.futures.Future()
+            done.set_result(None)
+            watch.launched(b, done)
+        watch.end_wait()
+        # the tuner installs another reducer at the next forward (as AutoTuner._install does)
+        reducer = SimpleNamespace(observer=None, bucket_members=lambda: new)
+        old_reducer = SimpleNamespace(observer=SimpleNamespace(watch=watch), remove_hooks=lambda: 0)
+        model = SimpleNamespace(reducer=old_reducer, compressors=())
+        tuner = AutoTuner([Candidate("native", 1.0, 1)] * 2, lambda c: (reducer, []))
+        tuner._install(model, 1)
+        assert model.reducer is reducer and watch.buckets == new
+        pending: torch.futures.Future = torch.futures.Future()
+        watch.launched(0, pending)  # launch 4: bucket 0 of the new reducer, in flight
+        watch.begin_wait()
+        peers = dist.PrefixStore("longboat/stall/switch/", store)
+        peers.set("1", "3")  # rank 1 finished the old reducer's step only
+        text = watch.describe(2.0)
+        assert "allreduce of bucket 0 (launch 4)" in text
+        assert text.endswith("Missing ranks: 1: [y.weight, x.weight]")
+        peers.set("1", "2")  # rank 1 is still in the old reducer's last bucket
+        assert watch.describe(2.0).endswith("Missing ranks: 1: [a.weight, y.weight, x.weight]")
+        pending.set_result(None)
+    finally:
+        watch.close()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from longboat.trace import Recorder, load, merge, rank_path, rank_stats
-from longboat.trace.stats import intersect, union
+from longboat.trace.stats import intersect, subtract, union
 
 
 def _lanes(pid: int, names: dict[int, str]) -> list[dict[str, Any]]:
@@ -107,3 +107,28 @@ def test_cli_names_a_missing_trace(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "no per-rank files" in out.stdout
+
+
+def test_ps_lanes_are_communication_and_waits_are_not_compute() -> None:
+    """A PS trainer: forward 0-10 ms blocked 2-6 ms on a lookup pull (ps lane), a push on ps1
+    at 7-9 under forward compute and one at 12-14 during the step (10-15, neither compute nor
+    comm). compute = 0-2 + 6-10; comm = 2-6 + 7-9 + 12-14; hidden = 7-9."""
+    events = _lanes(0, {0: "compute", 100: "optimizer", 102: "ps", 201: "ps1"}) + [
+        _x(0, 0, "forward", 0, 10_000),
+        _x(0, 0, "wait pull", 2_000, 4_000, "wait"),
+        _x(0, 102, "pull s0", 2_000, 4_000, "ps"),
+        _x(0, 201, "push s1", 7_000, 2_000, "ps"),
+        _x(0, 100, "optimizer step", 10_000, 5_000, "step"),
+        _x(0, 102, "push s0", 12_000, 2_000, "ps"),
+    ]
+    (s,) = rank_stats(events)
+    assert s.compute_ms == pytest.approx(6.0)
+    assert s.comm_ms == pytest.approx(8.0)
+    assert s.hidden_ms == pytest.approx(2.0) and s.exposed_comm_ms == pytest.approx(6.0)
+    assert s.idle_ms == pytest.approx(3.0)  # 10-12 and 14-15: inside the step, no call out
+
+
+def test_subtract() -> None:
+    assert subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
+    assert subtract([(0, 10), (20, 30)], [(8, 22)]) == [(0, 8), (22, 30)]
+    assert subtract([(0, 10)], [(-5, 15)]) == [] and subtract([(0, 1)], []) == [(0, 1)]

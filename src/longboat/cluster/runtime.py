@@ -206,6 +206,9 @@ def init(
             raise
     _warn_if_inconsistent(info, topo)
     _state = _State(info, topo, wait, owns, store)
+    from longboat.trace.stall import watch_collectives  # names stalled barriers, broadcasts...
+
+    watch_collectives(_strategy)
     if info.rank == 0:
         _log.info(
             "longboat cluster: %d ranks on %d nodes, %s, timeout %.0fs",
@@ -281,11 +284,14 @@ def barrier(timeout: float | None = None) -> None:
     if _state.info.world_size == 1:
         return
     wait = _state.timeout if timeout is None else _resolve_timeout(timeout)
+    from longboat.trace.stall import waiting
+
     try:
-        if _state.info.backend == "gloo":
-            dist.monitored_barrier(timeout=wait, wait_all_ranks=True)
-        else:
-            dist.barrier(async_op=True).wait(timeout=wait)
+        with waiting("barrier"):
+            if _state.info.backend == "gloo":
+                dist.monitored_barrier(timeout=wait, wait_all_ranks=True)
+            else:
+                dist.barrier(async_op=True).wait(timeout=wait)
     except Exception as exc:
         raise ClusterError(
             f"rank {_state.info.rank}: barrier did not complete within "
@@ -297,5 +303,8 @@ def shutdown() -> None:
     """Destroy the process group longboat created and forget the state; safe to call twice."""
     global _state, _strategy
     state, _state, _strategy = _state, None, None
+    from longboat.trace.stall import stop_collective_watch
+
+    stop_collective_watch()
     if state is not None and state.owns_group and dist.is_initialized():
         dist.destroy_process_group()

@@ -185,7 +185,7 @@ class AutoTuner:
         reducer, compressors = self._build(self.candidates[index])
         observer = reducer.observer = old.observer  # timeline and stall inspector move along
         if observer is not None and observer.watch is not None:
-            observer.watch.buckets = reducer.bucket_members()
+            observer.watch.switch(reducer.bucket_members())  # launches from here: new buckets
         if not self._compressors:
             self._compressors = list(model.compressors)
         self._compressors += compressors  # bytes_sent stays cumulative over every candidate

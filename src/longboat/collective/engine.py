@@ -12,7 +12,7 @@ from torch import nn
 import longboat.cluster as cluster
 from longboat.collective.amp import Amp
 from longboat.collective.autotune import Builder, Candidate, make_tuner
-from longboat.collective.buckets import GradSpec, layer_of, plan_buckets
+from longboat.collective.buckets import BucketPlan, GradSpec, layer_of, plan_buckets
 from longboat.collective.consistency import broadcast_state, verify_same_model
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.model import DistributedModel
@@ -34,6 +34,7 @@ from longboat.comm.serial import SerialAllreduce
 from longboat.log import get_logger
 from longboat.optim import wrap_optimizer
 from longboat.strategy import Strategy
+from longboat.trace.stall import waiting, watch_collectives
 
 log = get_logger("longboat.collective")
 
@@ -66,20 +67,22 @@ def distribute(
     if not named:
         raise ValueError("the model has no parameters that require grad: nothing to train")
     _check_devices(named)
-    verify_same_model(model)
+    watch_collectives(strategy)  # the stall inspector names the waits below
+    with waiting("model check of lb.distribute (parameter names and shapes)"):
+        verify_same_model(model)
     algorithm, comms, fns = _allreduce_fns(strategy)
-    broadcast_state(
-        [p for _, p in model.named_parameters()] + [b for _, b in model.named_buffers()],
-        coalesce=bool(strategy.fuse_broadcast_ops),
-        allreduce_fn=fns[0] if algorithm in _BROADCAST_THROUGH else None,
-    )
+    with waiting("broadcast of parameters"):
+        broadcast_state(
+            [p for _, p in model.named_parameters()] + [b for _, b in model.named_buffers()],
+            coalesce=bool(strategy.fuse_broadcast_ops),
+            allreduce_fn=fns[0] if algorithm in _BROADCAST_THROUGH else None,
+        )
     if _wants_compiled_fusion(strategy):
         model = torch.compile(model)  # type: ignore[assignment]
     amp = Amp(strategy.amp_configs, named[0][1].device.type) if strategy.amp else None
     scaled = amp is not None and amp.scaler is not None
-    compression = _compression(strategy, optimizer)
-    reducer, compressors = _build_reducer(
-        named, strategy, comms, fns, compression, check_finite=scaled
+    reducer, compressors = build_reducer(
+        named, strategy, optimizer, communicators=(comms, fns), check_finite=scaled
     )
     merge = strategy.gradient_merge
     k_steps = int(strategy.gradient_merge_configs["k_steps"]) if merge else 1
@@ -96,7 +99,7 @@ def distribute(
     wrapped.strategy = strategy  # type: ignore[assignment]
     wrapped.local_sgd = local_sgd
     if strategy.auto:
-        built = _candidate_builder(named, strategy, compression, scaled, (algorithm, comms, fns))
+        built = _candidate_builder(named, strategy, optimizer, scaled, (algorithm, comms, fns))
         wrapped.tuner = make_tuner(strategy, built)
     if optimizer is not None:
         optimizer = _replace_optimizer(strategy, optimizer, named)
@@ -175,27 +178,63 @@ def _compression(strategy: Strategy, optimizer: torch.optim.Optimizer | None) ->
 _LOSSY = ("powersgd", "dgc")
 
 
-def _build_reducer(
-    named: list[tuple[str, nn.Parameter]],
+def build_reducer(
+    named_params: list[tuple[str, nn.Parameter]],
     strategy: Strategy,
-    comms: list[dist.ProcessGroup],
-    fns: list[AllreduceFn],
-    compression: tuple[str, dict],
+    optimizer: torch.optim.Optimizer | None,
+    plan: BucketPlan | None = None,
+    *,
+    communicators: tuple[list[dist.ProcessGroup], list[AllreduceFn]] | None = None,
     check_finite: bool = False,
 ) -> tuple[Reducer, list]:
-    """The reducer over ``fns`` (compressed as selected), and the compressors it uses."""
-    specs = [
-        GradSpec(i, n, p.numel(), p.dtype, p.device, layer_of(n)) for i, (n, p) in enumerate(named)
-    ]
-    plan = plan_buckets(
-        specs,
-        fuse=strategy.fuse_all_reduce_ops,
-        cap_mb=float(strategy.fuse_grad_size_in_MB),
-        max_layers=int(strategy.fuse_grad_size_in_TFLOPS),
-        last_cap_mb=float(strategy.last_comm_group_size_MB),
-    )
+    """The gradient reducer ``strategy`` selects for ``named_params``, and its compressors.
+
+    This is the reducer ``lb.distribute`` installs; facades over the core (``longboat.horovod``)
+    build theirs here too. The reducer registers its gradient hooks on the parameters at once
+    and from then on averages their gradients across ranks during every backward pass (see
+    :class:`~longboat.collective.reducer.Reducer`, and :meth:`Reducer.flush
+    <longboat.collective.reducer.Reducer.flush>` to reduce outside backward).
+
+    Args:
+        named_params: ``(name, parameter)`` pairs that require grad, in model order; the same
+            names, shapes and dtypes, in the same order, on every rank.
+        strategy: the bucket plan (``fuse_all_reduce_ops``, ``fuse_grad_size_in_MB``, ...),
+            the allreduce algorithm and ``nccl_comm_num``, the gradient compression,
+            ``sync_nccl_allreduce`` and ``find_unused_parameters``.
+        optimizer: read only for DGC's momentum (``strategy.dgc``); may be None otherwise.
+        plan: an explicit bucket plan, used instead of the one the strategy's fusion fields
+            would make.
+        communicators: ``(process groups, allreduce functions)`` already made for
+            ``strategy``'s algorithm and ``nccl_comm_num``, to share them; by default new
+            ones are made, which is collective: every rank must then call this in the same
+            order.
+        check_finite: record in ``reducer.last_finite`` whether the reduced gradients are
+            free of inf/NaN (AMP loss scaling).
+
+    Returns:
+        ``(reducer, compressors)``: one compressor per communicator, the allreduce functions
+        the reducer runs (their ``stats`` count the bytes sent).
+    """
+    if communicators is None:
+        communicators = _allreduce_fns(strategy)[1:]
+    comms, fns = communicators
+    if plan is None:
+        specs = [
+            GradSpec(i, n, p.numel(), p.dtype, p.device, layer_of(n))
+            for i, (n, p) in enumerate(named_params)
+        ]
+        plan = plan_buckets(
+            specs,
+            fuse=strategy.fuse_all_reduce_ops,
+            cap_mb=float(strategy.fuse_grad_size_in_MB),
+            max_layers=int(strategy.fuse_grad_size_in_TFLOPS),
+            last_cap_mb=float(strategy.last_comm_group_size_MB),
+        )
+        described = plan.describe(len(specs))
+    else:
+        described = f"{len(named_params)} gradient tensors in {len(plan)} explicit buckets"
     # pre-divided buckets: half precision cannot overflow the sum
-    name, config = compression
+    name, config = _compression(strategy, optimizer)
     compressors = [make_compressor(name, fn, g, config) for fn, g in zip(fns, comms, strict=True)]
     fns = list(compressors)
     flag_fns = [c.exact for c in compressors] if name in _LOSSY else None
@@ -206,12 +245,12 @@ def _build_reducer(
     if cluster.rank() == 0:
         log.info(
             "%s over %d communicator(s)%s",
-            plan.describe(len(specs)),
+            described,
             len(fns),
             ", one allreduce in flight per communicator" if strategy.sync_nccl_allreduce else "",
         )
     reducer = Reducer(
-        named,
+        named_params,
         plan,
         fns,
         world_size=dist.get_world_size(),
@@ -229,11 +268,11 @@ def _build_reducer(
 def _candidate_builder(
     named: list[tuple[str, nn.Parameter]],
     strategy: Strategy,
-    compression: tuple[str, dict],
+    optimizer: torch.optim.Optimizer | None,
     check_finite: bool,
     built: tuple[str, list[dist.ProcessGroup], list[AllreduceFn]],
 ) -> Builder:
-    """Strategy(auto=True)'s candidate reducers, through ``_build_reducer``; candidates with
+    """Strategy(auto=True)'s candidate reducers, through ``build_reducer``; candidates with
     the same algorithm and ``nccl_comm_num`` share communicators (the defaults' ``built``)."""
     algorithm, comms, fns = built
     cache = {(algorithm, len(comms)): (comms, fns)}
@@ -243,7 +282,9 @@ def _candidate_builder(
         key = (candidate.algorithm, candidate.nccl_comm_num)
         if key not in cache:
             cache[key] = _allreduce_fns(changed)[1:]
-        return _build_reducer(named, changed, *cache[key], compression, check_finite)
+        return build_reducer(
+            named, changed, optimizer, communicators=cache[key], check_finite=check_finite
+        )
 
     return build
 

@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from longboat.trace.stall import waiting
+
 __all__ = ["AdaptiveLocalSGD", "LocalSGD"]
 
 
@@ -138,9 +140,10 @@ class LocalSGD:
         world = self.world_size
         if world == 1:
             return
-        for bucket in self._buckets:
+        for i, bucket in enumerate(self._buckets):
             flat = _flatten_dense_tensors([p.detach() for p in bucket])
-            self._allreduce(flat)
+            with waiting(f"local SGD averaging of bucket {i}", self.group):
+                self._allreduce(flat)
             flat.div_(world)
             for p, avg in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
                 p.detach().copy_(avg)
@@ -244,7 +247,8 @@ class AdaptiveLocalSGD(LocalSGD):
             t = torch.tensor([float(loss)], dtype=torch.float64, device=device)
         world = self.world_size
         if world > 1:
-            self._allreduce(t)
+            with waiting("local SGD loss average", self.group):
+                self._allreduce(t)
             t.div_(world)
         return float(t.item())
 

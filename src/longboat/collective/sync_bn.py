@@ -21,6 +21,8 @@ from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from longboat.trace.stall import waiting
+
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 
 _ACC = torch.float64  # accumulation dtype of the per-channel sums (see module docstring)
@@ -54,6 +56,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
         eps: float,
         momentum: float,
         group: dist.ProcessGroup | None,
+        names: tuple[str, str] = ("sync BN statistics", "sync BN gradient statistics"),
     ) -> torch.Tensor:
         channels, dims, shape = x.shape[1], _reduce_dims(x), _channel_shape(x)
         local_count = x.numel() // channels if channels else 0
@@ -64,7 +67,8 @@ class _SyncBatchNormFn(torch.autograd.Function):
                 torch.full((1,), float(local_count), dtype=_ACC, device=x.device),
             ]
         )
-        dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+        with waiting(names[0], group):  # the stall inspector's name for this wait
+            dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
         count = float(stats[-1])
         if count == 1:
             raise ValueError(
@@ -87,7 +91,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
         if bias is not None:
             y = y + bias.to(cd).view(shape)
         ctx.save_for_backward(x, weight, mean_c, invstd_c)
-        ctx.count, ctx.group = count, group  # type: ignore[attr-defined]
+        ctx.count, ctx.group, ctx.names = count, group, names  # type: ignore[attr-defined]
         return y.to(x.dtype)
 
     @staticmethod
@@ -107,7 +111,8 @@ class _SyncBatchNormFn(torch.autograd.Function):
         grad_x = None
         if needs[0]:
             sums = torch.cat([sum_dy, sum_dy_xhat])
-            dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=ctx.group)  # type: ignore[attr-defined]
+            with waiting(ctx.names[1], ctx.group):  # type: ignore[attr-defined]
+                dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=ctx.group)  # type: ignore[attr-defined]
             mean_dy = (sums[:channels] / ctx.count).to(cd)  # type: ignore[attr-defined]
             mean_dy_xhat = (sums[channels:] / ctx.count).to(cd)  # type: ignore[attr-defined]
             scale = invstd if weight is None else invstd * weight.to(cd)
@@ -117,7 +122,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
             grad_x = grad_x.to(x.dtype)
         grad_w = sum_dy_xhat.to(weight.dtype) if weight is not None and needs[1] else None
         grad_b = sum_dy.to(weight.dtype) if weight is not None and needs[2] else None
-        return grad_x, grad_w, grad_b, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -128,6 +133,10 @@ class SyncBatchNorm(_BatchNorm):
     never communicates. With no process group initialised, or a group of size 1, it is exactly
     ``nn.BatchNorm``. Every rank of the group must run each forward and backward of this layer.
     """
+
+    #: what the stall inspector calls this layer's forward and backward allreduce (``lb.distribute``
+    #: names them after the layer: "sync BN statistics of bn1")
+    stall_names = ("sync BN statistics", "sync BN gradient statistics")
 
     def __init__(
         self,
@@ -190,6 +199,7 @@ class SyncBatchNorm(_BatchNorm):
             self.eps,
             factor,
             self.process_group,
+            self.stall_names,
         )
 
 

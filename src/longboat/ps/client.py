@@ -131,7 +131,9 @@ class Call:
         """The blocks (and sparse tables) this call carries or asks for."""
         if self.msg is None:
             return []
-        keys = [str(k) for k in self.msg.meta.get("keys") or []]
+        meta = self.msg.meta
+        keys = [str(k) for k in meta.get("keys") or []]
+        keys += [str(b.get("key")) for b in meta.get("blocks") or [] if isinstance(b, dict)]
         for name, t in self.msg.tensors.items():
             if name.endswith("@ids"):
                 keys.append(f"{name[:-4]} ({t.numel()} rows)")

@@ -11,6 +11,7 @@ k steps push parameter deltas / N and pull the global values.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -22,17 +23,20 @@ from torch import nn
 
 from longboat.log import get_logger
 from longboat.ps import auth
-from longboat.ps.client import Call, Client, PSError
+from longboat.ps.client import Call, Client, PSError, ReplyWatch
 from longboat.ps.communicator import AsyncCommunicator, HookPusher
 from longboat.ps.optim import describe_torch_optimizer
 from longboat.ps.plan import DEFAULT_MIN_BLOCK_SIZE, Block, make_plan
 from longboat.ps.sparse import SparseEmbedding
 from longboat.ps.wire import Message
+from longboat.trace.ps import make_observer
+from longboat.trace.stall import shown
 
 log = get_logger("longboat.ps")
 
 MODES = ("sync", "async", "half_async", "geo")
 _current: PSEngine | None = None
+_NULL = contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,10 @@ class PSEngine:
         client: Client,
         trainer: int,
         trainers: int,
+        strategy: Any = None,
     ) -> None:
+        """``strategy`` (optional) turns on the timeline (``timeline``) and the stall inspection
+        of server replies (``stall_warning_seconds`` / ``stall_shutdown_seconds``)."""
         if cfg.mode not in MODES:
             raise ValueError(f"unknown parameter-server mode {cfg.mode!r}; one of {MODES}")
         if not cfg.update_on_server and cfg.mode != "sync":
@@ -152,6 +159,14 @@ class PSEngine:
             self._group_of = {n: ids.get(id(p), 0) for n, p in self.params}
         for t in self.tables:
             t._lookup = self.lookup
+        self.trace = None  # the timeline's PSObserver (Strategy.timeline)
+        if strategy is not None:
+            self.trace = make_observer(strategy, trainer, trainers, lambda: self.step_no)
+            warning = float(strategy.stall_warning_seconds)
+            if warning > 0:
+                shutdown = float(strategy.stall_shutdown_seconds)
+                client.stall = ReplyWatch(warning, shutdown, self.explain_wait)
+        client.observer = self.trace
         self._init_servers()
         self._base = [p.detach().clone() for _, p in self.params] if cfg.mode == "geo" else []
         self._pusher: HookPusher | None = None
@@ -219,6 +234,17 @@ class PSEngine:
     # ---- the step ---------------------------------------------------------------------------
     def step(self) -> None:
         """One optimizer step in the configured mode."""
+        if self.trace is None:
+            self._step()
+            return
+        with self.trace.step(self.cfg.mode):
+            self._step()
+
+    def _waiting(self, what: str) -> contextlib.AbstractContextManager[Any]:
+        """A wait of the training thread, on the timeline when it records."""
+        return _NULL if self.trace is None else self.trace.wait(what)
+
+    def _step(self) -> None:
         self.synchronize()
         mode = self.cfg.mode
         if mode == "sync":
@@ -230,32 +256,44 @@ class PSEngine:
         self.step_no += 1
 
     def _sync_step(self) -> None:
-        if self._pusher is not None:
-            for started in self._pusher.finish():
-                for call in started.result():
-                    call.result()
-        else:
-            self._wait(self._push_params(range(len(self.params))))
-        self._wait(self._push_sparse(self.step_no, every_server=True))
+        with self._waiting("push"):
+            if self._pusher is not None:
+                for started in self._pusher.finish():
+                    for call in started.result():
+                        call.result()
+            else:
+                self._wait(self._push_params(range(len(self.params))))
+            self._wait(self._push_sparse(self.step_no, every_server=True))
         if self.cfg.update_on_server:
             self._pending = self._start_pulls(self.step_no + 1)
             if not self.cfg.overlap:
                 self.synchronize()
             return
-        means = self._collect(self._start_pulls(self.step_no + 1))
+        with self._waiting("pull"):
+            means = self._collect(self._start_pulls(self.step_no + 1))
         for (_, p), blocks in zip(self.params, self.blocks, strict=True):
             grad = torch.empty_like(p)
             for b in blocks:
                 _part(grad, b).copy_(means[b.key])
             p.grad = grad
-        self.optimizer.step()
+        self._local_optimizer_step()
+
+    def _local_optimizer_step(self) -> None:
+        if self.trace is None:
+            self.optimizer.step()
+            return
+        with self.trace.local_optimizer():
+            self.optimizer.step()
 
     def _async_step(self) -> None:
         assert self._comm is not None
-        self._comm.put(self._grads())
-        self._wait(self._push_sparse(-1, every_server=False))
+        with self._waiting("send queue"):
+            self._comm.put(self._grads())
+        with self._waiting("push"):
+            self._wait(self._push_sparse(-1, every_server=False))
         if self.cfg.mode == "half_async":
-            self._comm.flush()
+            with self._waiting("push"):
+                self._comm.flush()
             self._barrier()
             self._pull_into_params(0)
             return
@@ -272,15 +310,17 @@ class PSEngine:
                 self._latest = values
 
     def _geo_step(self) -> None:
-        self.optimizer.step()
-        self._wait(self._push_sparse(-1, every_server=False))
+        self._local_optimizer_step()
+        with self._waiting("push"):
+            self._wait(self._push_sparse(-1, every_server=False))
         if (self.step_no + 1) % self.cfg.k_steps:
             return
         deltas = [
             (p.detach() - base) / self.trainers
             for (_, p), base in zip(self.params, self._base, strict=True)
         ]
-        self._wait(self._push_tensors(range(len(self.params)), deltas, -1))
+        with self._waiting("push"):
+            self._wait(self._push_tensors(range(len(self.params)), deltas, -1))
         self._pull_into_params(0)
         self._base = [p.detach().clone() for _, p in self.params]
 
@@ -358,7 +398,9 @@ class PSEngine:
                         _part(p.data, b).copy_(values[b.key])
 
     def _pull_into_params(self, version: int) -> None:
-        self._copy_into_params(self._collect(self._start_pulls(version)))
+        with self._waiting("pull"):
+            values = self._collect(self._start_pulls(version))
+        self._copy_into_params(values)
 
     def refresh(self) -> None:
         """Send everything queued, then load the servers' current parameters into the model
@@ -372,12 +414,49 @@ class PSEngine:
         """Wait for the parameter pulls still in flight and write them into the model."""
         pending, self._pending = self._pending, {}
         if pending:
-            self._copy_into_params(self._collect(pending))
+            with self._waiting("pull"):
+                values = self._collect(pending)
+            self._copy_into_params(values)
 
     def _barrier(self) -> None:
         self._barrier_gen += 1
         meta = {"trainer": self.trainer, "generation": self._barrier_gen}
-        self.client.call_all("barrier", {s: Message(meta) for s in range(len(self.client))})
+        with self._waiting("barrier"):
+            self.client.call_all("barrier", {s: Message(meta) for s in range(len(self.client))})
+
+    def explain_wait(self, call: Call, waited: float) -> str:
+        """The stall warning for ``call``, unanswered after ``waited`` seconds: the server and
+        endpoint, the method, the step and keys, and whom the server waits for."""
+        meta = call.msg.meta if call.msg is not None else {}
+        others = [t for t in range(self.trainers) if t != self.trainer]
+        # with more than two trainers the server does not say which of the others is late
+        whom = f"trainer {others[0]}" if len(others) == 1 else f"one or more of trainers {others}"
+        if call.method == "pull" and int(meta.get("version", 0)) > 0 and self.cfg.mode == "sync":
+            step = int(meta["version"]) - 1
+            what = f"pull of step {step}"
+            why = (
+                f"it answers once every trainer's push of step {step} reached it; this trainer "
+                f"({self.trainer}) pushed, so it waits for {whom}"
+                if others
+                else "this is the only trainer: the server is slow or stuck"
+            )
+        elif call.method in ("barrier", "restore") and others:
+            what = f"{call.method} at step {self.step_no}"
+            why = (
+                f"it answers once all {self.trainers} trainers reached it; this trainer "
+                f"({self.trainer}) has, so it waits for {whom}"
+            )
+        else:
+            step = int(meta.get("step", -1)) if call.method == "push" else -1
+            what = f"push of step {step}" if step >= 0 else f"{call.method} at step {self.step_no}"
+            why = (
+                f"a {call.method} does not wait for other trainers: the server is slow, stuck "
+                "or unreachable"
+            )
+        return (
+            f"trainer {self.trainer}: parameter server {call.server} ({call.endpoint}) has not "
+            f"answered {what} for keys [{shown(call.keys())}] after {waited:.1f} s; {why}"
+        )
 
     @staticmethod
     def _wait(calls: Iterable[Call]) -> None:
@@ -399,8 +478,9 @@ class PSEngine:
                 meta = {"keys": [], "version": version}
                 msg = Message(meta, {f"{table.name}@ids": uniq[mask]})
                 calls[s] = (mask, self.client.start(s, "pull", msg))
-        for mask, call in calls.values():
-            rows[mask] = call.result().tensors[f"{table.name}@rows"]
+        with self._waiting("pull"):
+            for mask, call in calls.values():
+                rows[mask] = call.result().tensors[f"{table.name}@rows"]
         if torch.is_grad_enabled() and self.model.training:
             rows.requires_grad_(True)
             self._lookups.append((table, uniq, rows))
@@ -479,6 +559,8 @@ class PSEngine:
             for t in self.tables:
                 t._lookup = None
             self.client.close()
+            if self.trace is not None:
+                self.trace.close()
             if _current is self:
                 _current = None
 
@@ -493,7 +575,13 @@ class PSModel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.engine.synchronize()
-        return self.module(*args, **kwargs)
+        trace = self.engine.trace
+        if trace is None:
+            return self.module(*args, **kwargs)
+        trace.forward_begin()
+        output = self.module(*args, **kwargs)
+        trace.forward_end(output)
+        return output
 
 
 class PSOptimizer:
@@ -551,7 +639,7 @@ def distribute(
         trainers = env_trainers if trainers is None else trainers
     client = Client(servers, token or auth.load_token(), timeout=timeout)
     try:
-        engine = PSEngine(model, optimizer, cfg, client, trainer, trainers)
+        engine = PSEngine(model, optimizer, cfg, client, trainer, trainers, strategy)
     except BaseException:
         client.close()
         raise

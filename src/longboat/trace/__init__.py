@@ -6,21 +6,33 @@
     # at exit: trace.rank<r>.json per rank, merged into trace.json by rank 0
     # longboat timeline trace.json -o overlap.png
 
-The stall inspector is on by default (``stall_warning_seconds`` = 60).
+Parameter-server trainers (``mode="ps"``) record the same way, with their calls to the servers
+on the ``ps`` lanes (`longboat.trace.ps`). The stall inspector is on by default
+(``stall_warning_seconds`` = 60): gradient buckets, the other collectives longboat issues
+(``waiting``), and parameter-server replies.
 """
 
 import sys
 
 from longboat.trace.observer import Observer, attach, data, save
+from longboat.trace.ps import PSObserver
 from longboat.trace.recorder import Recorder, load, merge, rank_path
-from longboat.trace.stall import STALL_EXIT_CODE, StallWatch, missing_report
+from longboat.trace.stall import (
+    STALL_EXIT_CODE,
+    CollectiveWatch,
+    StallWatch,
+    missing_report,
+    waiting,
+)
 from longboat.trace.stats import RankStats, rank_stats, summary_table
 
 trace = sys.modules[__name__]  # so that `lb.trace` resolves through longboat's lazy exports
 
 __all__ = [
     "STALL_EXIT_CODE",
+    "CollectiveWatch",
     "Observer",
+    "PSObserver",
     "RankStats",
     "Recorder",
     "StallWatch",
@@ -33,4 +45,5 @@ __all__ = [
     "rank_stats",
     "save",
     "summary_table",
+    "waiting",
 ]

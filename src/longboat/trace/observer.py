@@ -162,6 +162,7 @@ def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -
     timeline = strategy.timeline
     warning = float(strategy.stall_warning_seconds)
     serial = next(_serial)
+    name_sync_batchnorms(getattr(model, "module", model))
     if not timeline and warning <= 0:
         return optimizer
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -195,6 +196,18 @@ def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -
         optimizer.__class__ = type(f"Traced{base.__name__}", (_ObservedStep, base), {})
         optimizer._lb_observer = observer  # type: ignore[attr-defined]
     return optimizer
+
+
+def name_sync_batchnorms(module: torch.nn.Module) -> None:
+    """Name each SyncBatchNorm's allreduces after its layer for the stall inspector
+    ("sync BN statistics of layer1.0.bn1")."""
+    for name, m in module.named_modules():
+        if getattr(type(m), "stall_names", None) is not None:
+            label = name or type(m).__name__
+            m.stall_names = (
+                f"sync BN statistics of {label}",
+                f"sync BN gradient statistics of {label}",
+            )
 
 
 def data(loader: Iterable[Any], name: str = "next batch") -> Iterator[Any]:

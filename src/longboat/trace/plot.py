@@ -1,4 +1,5 @@
-"""The overlap picture (seed 000's figure): per rank, one row for compute and one per communicator."""
+"""The overlap picture (seed 000's figure): per rank, one row for compute and one per communicator
+(or, for a parameter-server trainer, per ``ps`` lane of calls in flight)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from longboat.trace.stats import rank_stats
+from longboat.trace.stats import is_comm_lane, rank_stats
 
 _COLOURS = {
     "forward": "#4c72b0",
@@ -17,14 +18,17 @@ _COLOURS = {
     "data": "#937860",
     "wait": "#c44e52",
     "comm": "#dd8452",
+    "ps step": "#cfc8e6",  # a parameter-server trainer's whole step (mostly communication)
 }
 
 
 def _colour(lane: str, event: dict[str, Any]) -> str:
-    if lane.startswith("comm"):
+    if is_comm_lane(lane):
         return _COLOURS["comm"]
     if event.get("cat") == "wait":
         return _COLOURS["wait"]
+    if event.get("cat") == "step":
+        return _COLOURS["ps step"]
     return _COLOURS.get(event.get("name", ""), _COLOURS.get(lane, "#999999"))
 
 
@@ -53,23 +57,27 @@ def plot(
     }
     by_row: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for e in events:
-        if e.get("ph") == "X" and lane_of.get((e["pid"], e["tid"]), "") not in ("ps",):
+        if e.get("ph") == "X":
             by_row[(e["pid"], e["tid"])].append(e)
     start = _window_start(events, last_steps)
     rows = sorted(k for k in by_row if any(x["ts"] + x.get("dur", 0) >= start for x in by_row[k]))
     if not rows:
         raise ValueError("the trace has no spans to draw: was the timeline recording any steps?")
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.6))
+    used: set[str] = set()
     for y, key in enumerate(rows):
         lane = lane_of[key]
-        for e in by_row[key]:
+        # waits last: drawn over the forward they interrupt (parameter-server lookups)
+        for e in sorted(by_row[key], key=lambda x: x.get("cat") == "wait"):
             if e["ts"] + e.get("dur", 0) < start:
                 continue
             x0 = (max(e["ts"], start) - start) / 1e3
+            colour = _colour(lane, e)
+            used.add(colour)
             ax.broken_barh(
                 [(x0, e.get("dur", 0) / 1e3)],
                 (y - 0.4, 0.8),
-                facecolor=_colour(lane, e),
+                facecolor=colour,
                 edgecolor="white",
                 linewidth=0.6,
             )
@@ -80,10 +88,10 @@ def plot(
     hidden = sum(s.hidden_ms for s in stats) / max(sum(s.comm_ms for s in stats), 1e-9)
     ax.set_title(title or f"compute and communication per rank ({hidden:.0%} of comm hidden)")
     ax.legend(
-        handles=[Patch(color=c, label=n) for n, c in _COLOURS.items()],
+        handles=[Patch(color=c, label=n) for n, c in _COLOURS.items() if c in used],
         loc="upper center",
         bbox_to_anchor=(0.5, -0.18 if len(rows) > 4 else -0.3),
-        ncol=len(_COLOURS),
+        ncol=len(used) or 1,
         fontsize="small",
     )
     fig.tight_layout()

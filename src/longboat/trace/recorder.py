@@ -2,7 +2,8 @@
 
 Each rank is a process (``pid`` = rank) and each lane a thread of it: ``compute`` (forward,
 backward, bucket-ready marks, waits), ``comm0..K`` (one per communicator), ``optimizer``,
-``data`` and ``ps``. The merged file opens in Perfetto (ui.perfetto.dev) or chrome://tracing.
+``data`` and ``ps`` (a parameter-server trainer's calls; ``ps1``, ``ps2``... for calls in
+flight at once). The merged file opens in Perfetto (ui.perfetto.dev) or chrome://tracing.
 
 Recording appends a tuple to a list (thread-safe under the GIL, no lock, no I/O); the file is
 written once, when the process exits (or on ``save()``).
@@ -38,6 +39,8 @@ def lane_tid(lane: str) -> int:
     """Thread id (and sort order) of a lane: compute first, then comm0..K, then the rest."""
     if lane.startswith("comm"):
         return 1 + int(lane[4:])
+    if lane.startswith("ps") and lane[2:].isdigit():
+        return 200 + int(lane[2:])
     return _TID[lane]
 
 
@@ -61,6 +64,11 @@ class Recorder:
         self._saved = False
         with contextlib.suppress(FileNotFoundError):
             rank_path(self.path, rank).unlink()  # a previous run's file must not be merged
+
+    def add_lane(self, lane: str) -> None:
+        """Declare another lane (named in the trace's metadata)."""
+        if lane not in self.lanes:
+            self.lanes.append(lane)
 
     def now(self) -> float:
         """Microseconds since the epoch, with perf_counter resolution."""

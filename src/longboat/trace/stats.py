@@ -1,9 +1,13 @@
 """Overlap statistics of a timeline: step time, communication, how much of it was hidden, idle.
 
-Per rank, over the window from its first to its last event:
+Per rank, over the window from its first ``forward`` (its first event when it has none; so
+start-up such as a parameter-server trainer's init and first barrier is left out) to its last
+event:
 
-- compute: union of spans with category ``compute`` (forward, backward) or ``optimizer``;
-- comm: union of the spans on the ``comm*`` lanes (a communicator busy with a bucket);
+- compute: union of spans with category ``compute`` (forward, backward) or ``optimizer``, minus
+  the ``wait`` spans inside them (a forward blocked on a parameter-server lookup is not computing);
+- comm: union of the spans on the ``comm*`` lanes (a communicator busy with a bucket) and on the
+  ``ps*`` lanes (a parameter-server call in flight);
 - hidden: the part of comm that overlaps compute; ``hidden_fraction = hidden / comm``;
 - exposed comm: ``comm - hidden`` (what the step waited for);
 - data: union of ``data`` spans (waiting for input);
@@ -24,6 +28,11 @@ from typing import Any
 Interval = tuple[float, float]
 
 COMPUTE_CATS = ("compute", "optimizer")
+
+
+def is_comm_lane(lane: str) -> bool:
+    """``comm0``.. (communicators) and ``ps``, ``ps1``.. (parameter-server calls)."""
+    return lane.startswith("comm") or lane == "ps" or (lane[:2] == "ps" and lane[2:].isdigit())
 
 
 def union(intervals: Iterable[Interval]) -> list[Interval]:
@@ -54,6 +63,24 @@ def intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
             i += 1
         else:
             j += 1
+    return out
+
+
+def subtract(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
+    """The parts of sorted disjoint intervals ``a`` outside sorted disjoint intervals ``b``."""
+    out: list[Interval] = []
+    j = 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > start:
+                out.append((start, b[k][0]))
+            start = max(start, b[k][1])
+            k += 1
+        if start < end:
+            out.append((start, end))
     return out
 
 
@@ -95,12 +122,14 @@ def rank_stats(events: Sequence[dict[str, Any]]) -> list[RankStats]:
         pid, start = e["pid"], float(e["ts"])
         interval = (start, start + float(e.get("dur", 0.0)))
         lane = lane_of.get((pid, e["tid"]), "")
-        if lane.startswith("comm"):
+        if is_comm_lane(lane):
             kind = "comm"
         elif lane == "data" or e.get("cat") == "data":
             kind = "data"
         elif e.get("cat") in COMPUTE_CATS:
             kind = "compute"
+        elif e.get("cat") == "wait":
+            kind = "wait"
         else:
             kind = "other"  # e.g. waits: busy-looking, but neither compute nor comm
         spans[pid][kind].append(interval)
@@ -113,7 +142,14 @@ def rank_stats(events: Sequence[dict[str, Any]]) -> list[RankStats]:
 def _one(rank: int, spans: dict[str, list[Interval]], forwards: list[float]) -> RankStats:
     every = union(spans["all"])
     window = (every[0][0], every[-1][1]) if every else (0.0, 0.0)
-    compute, comm, data = (union(spans[k]) for k in ("compute", "comm", "data"))
+    if forwards:
+        window = (max(window[0], forwards[0]), window[1])
+
+    def within(kind: str) -> list[Interval]:
+        return intersect(union(spans[kind]), [window])
+
+    compute, comm, data = (within(k) for k in ("compute", "comm", "data"))
+    compute = subtract(compute, within("wait"))
     busy = union(compute + comm + data)
     hidden = length(intersect(comm, compute))
     gaps = [b - a for a, b in zip(forwards, forwards[1:], strict=False)]
