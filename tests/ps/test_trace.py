@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -170,3 +171,66 @@ def test_stall_shutdown_exits_with_stall_code() -> None:
     assert procs[0].returncode == STALL_EXIT_CODE, out
     assert "has not answered pull of step 1" in out and "waits for trainer 1" in out
     assert "Shutting down (stall_shutdown_seconds=2): exit 70" in out
+
+
+def test_stalled_trainer_learns_from_the_server_which_trainer_is_late() -> None:
+    """3 trainers: trainers 0 and 2 pushed step 0, trainer 1 did not; trainer 0's warning for
+    its pull of step 1 names trainer 1 as the server reports it (not "one or more of")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import longboat as lb
+
+    with servers(1) as (eps, token):
+
+        def connect(rank: int):
+            model = _model()
+            return lb.ps.distribute(
+                model, torch.optim.SGD(model.parameters(), lr=0.1),
+                lb.Strategy(mode="ps", a_sync=False), servers=eps, trainer=rank, trainers=3,
+                token=token,
+            )  # fmt: skip
+
+        with ThreadPoolExecutor(3) as pool:
+            trainers = list(pool.map(connect, range(3)))
+
+        def step(rank: int) -> None:
+            m, opt = trainers[rank]
+            opt.zero_grad()
+            F.cross_entropy(m(torch.randn(4, 8)), torch.tensor([0, 1, 0, 1])).backward()
+            opt.step()
+
+        step(0)
+        step(2)
+        engine = trainers[0][0].engine
+        pull = next(iter(engine._pending.values()))[0]  # the pull of step 0's result, in flight
+        try:
+            text = engine.explain_wait(pull, 5.0)
+        finally:
+            step(1)  # releases the pulls, so that close() does not wait for the deadline
+            for m, _ in trainers:
+                m.engine.close()
+        assert "has not answered pull of step 0" in text
+        assert "waits for trainer 1 (the server says)" in text, text
+
+
+def test_server_names_missing_pushes_and_barrier_arrivals() -> None:
+    from longboat.ps.state import ServerState
+    from longboat.ps.wire import Message
+
+    state = ServerState(0, 1)
+    spec = {"key": "k", "update": "assign"}
+    state.init(Message({"trainers": 3, "sync": True, "blocks": [spec]}, {"k": torch.zeros(2)}))
+    state.push(Message({"trainer": 2, "step": 0}, {"k": torch.ones(2)}))
+    assert state.missing({"keys": ["k"], "version": 1}) == [0, 1]
+    assert state.missing({"keys": ["k"], "version": 0}) == []  # already there
+    import threading
+
+    arrive = Message({"trainer": 1, "name": "kv", "generation": 1})
+    waiter = threading.Thread(
+        target=lambda: pytest.raises(TimeoutError, state.barrier, arrive, time.monotonic() + 2)
+    )
+    waiter.start()
+    while ("kv", 1) not in state.barriers:
+        time.sleep(0.01)
+    assert state.missing({"barrier": ["kv", 1]}) == [0, 2]
+    waiter.join()

@@ -201,8 +201,16 @@ class Client:
                     "UNAVAILABLE",
                 ) from None
 
-    def start(self, server: int, method: str, msg: Message, timeout: float | None = None) -> Call:
-        """Send ``msg`` to ``server`` without waiting."""
+    def start(
+        self,
+        server: int,
+        method: str,
+        msg: Message,
+        timeout: float | None = None,
+        watched: bool = True,
+    ) -> Call:
+        """Send ``msg`` to ``server`` without waiting (``watched=False``: neither the stall
+        inspection nor the timeline sees the call, e.g. the stall inspection's own questions)."""
         frame = wire.encode(msg)
         if len(frame) > self.max_bytes:
             raise PSError(
@@ -214,8 +222,9 @@ class Client:
         future = self._stubs[server][method].future(
             frame, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata
         )
-        call = Call(future, server, self.endpoints[server], method, msg, self.stall)
-        if self.observer is not None:
+        call = Call(future, server, self.endpoints[server], method, msg,
+                    self.stall if watched else None)  # fmt: skip
+        if self.observer is not None and watched:
             self.observer.started(call, len(frame))
         return call
 

@@ -420,7 +420,7 @@ class PSEngine:
 
     def _barrier(self) -> None:
         self._barrier_gen += 1
-        meta = {"trainer": self.trainer, "generation": self._barrier_gen}
+        meta = {"trainer": self.trainer, "name": "", "generation": self._barrier_gen}
         with self._waiting("barrier"):
             self.client.call_all("barrier", {s: Message(meta) for s in range(len(self.client))})
 
@@ -429,8 +429,9 @@ class PSEngine:
         endpoint, the method, the step and keys, and whom the server waits for."""
         meta = call.msg.meta if call.msg is not None else {}
         others = [t for t in range(self.trainers) if t != self.trainer]
-        # with more than two trainers the server does not say which of the others is late
-        whom = f"trainer {others[0]}" if len(others) == 1 else f"one or more of trainers {others}"
+        whom = self._whom(call, meta) or (
+            f"trainer {others[0]}" if len(others) == 1 else f"one or more of trainers {others}"
+        )
         if call.method == "pull" and int(meta.get("version", 0)) > 0 and self.cfg.mode == "sync":
             step = int(meta["version"]) - 1
             what = f"pull of step {step}"
@@ -457,6 +458,26 @@ class PSEngine:
             f"trainer {self.trainer}: parameter server {call.server} ({call.endpoint}) has not "
             f"answered {what} for keys [{shown(call.keys())}] after {waited:.1f} s; {why}"
         )
+
+    def _whom(self, call: Call, meta: Mapping[str, Any]) -> str:
+        """Ask the stalled call's server which trainers it still lacks ("" if it cannot say)."""
+        if call.method == "barrier":
+            question: dict[str, Any] = {"barrier": [meta.get("name", ""), meta.get("generation")]}
+        elif call.method == "pull":
+            tables = [n[:-4] for n in (call.msg.tensors if call.msg else {}) if n.endswith("@ids")]
+            question = {"keys": meta.get("keys") or [], "tables": tables,
+                        "version": meta.get("version", 0)}  # fmt: skip
+        else:
+            return ""
+        try:
+            reply = self.client.start(call.server, "ping", Message(question), 2.0, False).result()
+        except PSError:
+            return ""
+        lacking = reply.meta.get("waiting_for")
+        if not isinstance(lacking, list) or not lacking:
+            return ""
+        names = ", ".join(str(t) for t in lacking)
+        return f"trainer{'s' if len(lacking) > 1 else ''} {names} (the server says)"
 
     @staticmethod
     def _wait(calls: Iterable[Call]) -> None:

@@ -169,15 +169,18 @@ class Server:
         return Message({"stopped": len(self._stopped)})
 
     def _do_ping(self, msg: Message, deadline: float) -> Message:
-        return Message(
-            {
-                "index": self.index,
-                "num_servers": self.num_servers,
-                "boot": self.boot,
-                "step": self.state.version(),
-                "restored": self.restored_step,
-            }
-        )
+        """Who this server is; with ``keys``/``tables``/``barrier`` (a stalled trainer asking)
+        also ``waiting_for``: the trainers it still lacks for them (``ServerState.missing``)."""
+        reply = {
+            "index": self.index,
+            "num_servers": self.num_servers,
+            "boot": self.boot,
+            "step": self.state.version(),
+            "restored": self.restored_step,
+        }
+        if any(k in msg.meta for k in ("keys", "tables", "barrier")):
+            reply["waiting_for"] = self.state.missing(msg.meta)
+        return Message(reply)
 
     def _do_save(self, msg: Message, deadline: float) -> Message:
         step = self.state.version()

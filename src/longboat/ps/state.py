@@ -378,6 +378,32 @@ class ServerState:
             )
         return Message({})
 
+    def missing(self, meta: dict[str, Any]) -> list[int]:
+        """The trainers this server still lacks for what a stalled call waits on: their pushes
+        of the blocks ``keys`` / sync ``tables`` below ``version``, or their arrival at
+        ``barrier`` = [name, generation]."""
+        with self.cond:
+            everyone = set(range(self.trainers))
+            barrier = meta.get("barrier")
+            if barrier is not None:
+                if not (isinstance(barrier, list) and len(barrier) == 2):
+                    raise RequestError("'barrier' must be [name, generation]")
+                name, gen = str(barrier[0]), _int({"g": barrier[1]}, "g", 0)
+                if any(n == name and g > gen for n, g in self.barriers):
+                    return []  # that barrier is over
+                return sorted(everyone - self.barriers.get((name, gen), set()))
+            version = _int(meta, "version", 0)
+            lacking: set[int] = set()
+            for key in _list(meta, "keys"):
+                block = self.blocks.get(key) if isinstance(key, str) else None
+                if block is not None and block.sync and block.version < version:
+                    lacking |= everyone - set(block.pending)
+            for name in _list(meta, "tables"):
+                table = self.tables.get(name) if isinstance(name, str) else None
+                if table is not None and table.sync and table.version < version:
+                    lacking |= everyone - set(table.pending)
+            return sorted(lacking)
+
     def _wait(self, ready: Callable[[], bool], deadline: float, what: str) -> None:
         while not ready():
             left = deadline - time.monotonic()
