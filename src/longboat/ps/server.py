@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -228,29 +229,12 @@ class Server:
             self._save(step)
 
 
-def run_server(
-    endpoint: str | None = None,
-    *,
-    index: int | None = None,
-    num_servers: int | None = None,
-    token: str | None = None,
-    checkpoint_dir: str | None = None,
-    checkpoint_every: int | None = None,
-    env: dict[str, str] | None = None,
-) -> None:
-    """Serve until every trainer has stopped (``fleet.stop_worker``) or the process is
-    terminated, with settings from the arguments or the launcher's environment
+def run_server(endpoint: str | None = None, **settings: Any) -> None:
+    """Serve until every trainer has stopped (``fleet.stop_worker``, ``kvstore`` close) or the
+    process is terminated. ``settings`` are ``make_server``'s (index, num_servers, token,
+    checkpoint_dir, checkpoint_every, env); unset ones come from the launcher's environment
     (PADDLE_PORT / PADDLE_PSERVERS_IP_PORT_LIST / LONGBOAT_ROLE_RANK / the job token)."""
-    server = make_server(
-        endpoint,
-        index=index,
-        num_servers=num_servers,
-        token=token,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-        env=env,
-    )
-    serve_until_done(server.start())
+    serve_until_done(make_server(endpoint, **settings).start())
 
 
 def make_server(
