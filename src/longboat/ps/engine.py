@@ -159,6 +159,8 @@ class PSEngine:
             self._group_of = {n: ids.get(id(p), 0) for n, p in self.params}
         for t in self.tables:
             t._lookup = self.lookup
+        # model.state_dict() (torch.save after the last step) waits for the pulls in flight
+        self._state_hook = model.register_state_dict_pre_hook(self._before_state_dict)
         self.trace = None  # the timeline's PSObserver (Strategy.timeline)
         if strategy is not None:
             self.trace = make_observer(strategy, trainer, trainers, lambda: self.step_no)
@@ -410,6 +412,9 @@ class PSEngine:
             self._comm.flush()
         self._pull_into_params(0)
 
+    def _before_state_dict(self, module: nn.Module, prefix: str, keep_vars: bool) -> None:
+        self.synchronize()
+
     def synchronize(self) -> None:
         """Wait for the parameter pulls still in flight and write them into the model."""
         pending, self._pending = self._pending, {}
@@ -579,6 +584,7 @@ class PSEngine:
                 self._pusher.close()
             for t in self.tables:
                 t._lookup = None
+            self._state_hook.remove()
             self.client.close()
             if self.trace is not None:
                 self.trace.close()
