@@ -105,6 +105,8 @@ def test_bad_input_is_named():
         kv.push(1, torch.zeros(3))
     with pytest.raises(ValueError, match="differ in shape"):
         kv.push(1, [torch.zeros(2, 2), torch.zeros(2)])
+    with pytest.raises(ValueError, match="listed twice"):
+        kv.push([1, 1], [torch.zeros(2, 2), torch.zeros(2, 2)])
     with pytest.raises(ValueError, match="out has shape"):
         kv.pull(1, out=torch.empty(4))
     with pytest.raises(TypeError, match="SGD"):

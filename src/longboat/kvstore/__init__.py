@@ -84,15 +84,19 @@ class KVStore:
     ) -> None:
         """Push gradients (with an optimizer) or values; a list per key is summed first.
         ``priority`` is accepted for MXNet compatibility; pushes go out in call order."""
+        batch: dict[str, torch.Tensor] = {}
         for name, v in self._pairs("push", key, value):
+            if name in batch:
+                raise ValueError(f"push: key {name!r} is listed twice; sum its values first")
             if self._updater is not None:
                 stored = self._kv.pull(name)
                 self._updater(self._keys[name], v, stored)
-                self._kv.push(name, stored)
+                batch[name] = stored
             elif self._optimizer is not None and self._optimizer.rescale_grad != 1.0:
-                self._kv.push(name, v * self._optimizer.rescale_grad)
+                batch[name] = v * self._optimizer.rescale_grad
             else:
-                self._kv.push(name, v)
+                batch[name] = v
+        self._kv.push_many(batch)  # one message per server for all the keys
 
     def pull(
         self,
@@ -114,9 +118,10 @@ class KVStore:
             outs = list(out)
         if len(outs) != len(keys):
             raise ValueError(f"pull: {len(keys)} keys but {len(outs)} outputs")
+        values = self._kv.pull_many([self._name("pull", k) for k in keys])
         results = []
         for k, o in zip(keys, outs, strict=True):
-            value = self._kv.pull(self._name("pull", k))
+            value = values[str(k)]
             if o is None:
                 results.append(value)
                 continue

@@ -16,8 +16,9 @@ states, no sockets). ``longboat.kvstore`` builds on this class.
 
 from __future__ import annotations
 
+import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -132,33 +133,78 @@ class KVClient:
 
     def push(self, key: str, value: torch.Tensor) -> None:
         """Push ``value`` (a gradient, or the new value without an optimizer) for ``key``."""
-        shape, dtype, blocks = self._known(key)
-        if value.shape != shape:
-            raise ValueError(
-                f"kv push {key!r}: shape {tuple(value.shape)}, expected {tuple(shape)}"
-            )
-        value = value.detach().cpu().to(dtype).contiguous()
-        step = self._pushes[key] if self.sync else -1
-        msgs: dict[int, Message] = {}
-        for i, (server, a, b) in enumerate(blocks):
-            msg = msgs.setdefault(server, Message({"trainer": self.trainer, "step": step}))
-            msg.tensors[f"{_PREFIX}{key}/{i}"] = self._rows(value, a, b)
-        self.client.call_all("push", msgs)
-        self._pushes[key] += 1
+        self.push_many({key: value})
+
+    def push_many(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Push several keys at once: one message per server (and step), sent in parallel."""
+        parts: list[tuple[int, int, str, int, torch.Tensor | None]] = []
+        for key, value in values.items():
+            shape, dtype, blocks = self._known(key)
+            if value.shape != shape:
+                raise ValueError(
+                    f"kv push {key!r}: shape {tuple(value.shape)}, expected {tuple(shape)}"
+                )
+            value = value.detach().cpu().to(dtype).contiguous()
+            step = self._pushes[key] if self.sync else -1
+            for i, (server, a, b) in enumerate(blocks):
+                rows = self._rows(value, a, b)
+                nbytes = rows.numel() * rows.element_size()
+                parts.append((server, step, f"{_PREFIX}{key}/{i}", nbytes, rows))
+        calls = [
+            self.client.start(server, "push", Message({"trainer": self.trainer, "step": step},
+                                                      dict(chunk)))  # type: ignore[arg-type]
+            for (server, step), chunk in self._grouped(parts)
+        ]  # fmt: skip
+        for call in calls:
+            call.result()
+        for key in values:
+            self._pushes[key] += 1
 
     def pull(self, key: str) -> torch.Tensor:
         """The current value of ``key`` (sync: after every trainer's matching push applied)."""
-        shape, dtype, blocks = self._known(key)
-        version = self._pushes[key] if self.sync else 0
-        keys: dict[int, list[str]] = {}
-        for i, (server, _, _) in enumerate(blocks):
-            keys.setdefault(server, []).append(f"{_PREFIX}{key}/{i}")
-        msgs = {s: Message({"keys": k, "version": version}) for s, k in keys.items()}
-        replies = self.client.call_all("pull", msgs)
-        out = torch.empty(shape, dtype=dtype)
-        for i, (server, a, b) in enumerate(blocks):
-            self._rows(out, a, b).copy_(replies[server].tensors[f"{_PREFIX}{key}/{i}"])
+        return self.pull_many([key])[key]
+
+    def pull_many(self, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Several keys at once (one message per server and version, in parallel)."""
+        parts: list[tuple[int, int, str, int, torch.Tensor | None]] = []
+        for key in keys:
+            shape, dtype, blocks = self._known(key)
+            version = self._pushes[key] if self.sync else 0
+            row_bytes = math.prod(shape[1:]) * dtype.itemsize
+            for i, (server, a, b) in enumerate(blocks):
+                parts.append((server, version, f"{_PREFIX}{key}/{i}", (b - a) * row_bytes, None))
+        calls = [
+            self.client.start(server, "pull", Message({"keys": [k for k, _ in chunk],
+                                                       "version": version}))
+            for (server, version), chunk in self._grouped(parts)
+        ]  # fmt: skip
+        got: dict[str, torch.Tensor] = {}
+        for call in calls:
+            got.update(call.result().tensors)
+        out = {}
+        for key in keys:
+            shape, dtype, blocks = self._known(key)
+            value = out[key] = torch.empty(shape, dtype=dtype)
+            for i, (_, a, b) in enumerate(blocks):
+                self._rows(value, a, b).copy_(got[f"{_PREFIX}{key}/{i}"])
         return out
+
+    def _grouped(
+        self, parts: list[tuple[int, int, str, int, torch.Tensor | None]]
+    ) -> list[tuple[tuple[int, int], list[tuple[str, torch.Tensor | None]]]]:
+        """``parts`` (server, step, block key, bytes, payload) as messages per (server, step),
+        each at most half the message limit (a block larger than that travels alone)."""
+        limit = self.client.max_bytes // 2
+        groups: dict[tuple[int, int], list[list[tuple[str, torch.Tensor | None]]]] = {}
+        sizes: dict[tuple[int, int], int] = {}
+        for server, step, key, nbytes, t in parts:
+            chunks = groups.setdefault((server, step), [[]])
+            if chunks[-1] and sizes.get((server, step), 0) + nbytes > limit:
+                chunks.append([])
+                sizes[(server, step)] = 0
+            chunks[-1].append((key, t))
+            sizes[(server, step)] = sizes.get((server, step), 0) + nbytes
+        return [(where, chunk) for where, chunks in groups.items() for chunk in chunks]
 
     def _known(self, key: str) -> tuple[torch.Size, torch.dtype, list[tuple[int, int, int]]]:
         if key not in self._layout:

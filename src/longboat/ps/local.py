@@ -31,6 +31,12 @@ class LocalServers:
     def connect(self, timeout: float | None = None) -> None:
         """Nothing to connect to."""
 
+    def start(
+        self, server: int, method: str, msg: Message, timeout: float | None = None
+    ) -> _Answered:
+        """Answer ``msg`` now; ``result()`` of the returned object gives the reply."""
+        return _Answered(self.call_all(method, {server: msg}, timeout)[server])
+
     def call_all(
         self, method: str, msgs: Mapping[int, Message], timeout: float | None = None
     ) -> dict[int, Message]:
@@ -50,3 +56,13 @@ class LocalServers:
 
     def close(self) -> None:
         """Nothing to close."""
+
+
+class _Answered:
+    """A reply already at hand, shaped like a ``Call`` in flight."""
+
+    def __init__(self, reply: Message) -> None:
+        self._reply = reply
+
+    def result(self) -> Message:
+        return self._reply
