@@ -12,9 +12,10 @@ k steps push parameter deltas / N and pull the global values.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +29,7 @@ from longboat.ps.communicator import AsyncCommunicator, HookPusher
 from longboat.ps.optim import describe_torch_optimizer
 from longboat.ps.plan import DEFAULT_MIN_BLOCK_SIZE, Block, make_plan
 from longboat.ps.sparse import SparseEmbedding
-from longboat.ps.wire import Message
+from longboat.ps.wire import Message, chunks_by_bytes
 from longboat.trace.ps import make_observer
 from longboat.trace.stall import shown
 
@@ -358,30 +359,18 @@ class PSEngine:
         return [
             self.client.start(s, "push", Message(meta, dict(chunk)))
             for s, items in per_server.items()
-            for chunk in self._chunks(items)
+            for chunk in chunks_by_bytes(
+                ((item, item[1].numel() * item[1].element_size()) for item in items),
+                self._chunk_bytes,
+            )
         ]
-
-    def _chunks(
-        self, items: list[tuple[str, torch.Tensor]]
-    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        chunk: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for key, t in items:
-            nbytes = t.numel() * t.element_size()
-            if chunk and size + nbytes > self._chunk_bytes:
-                yield chunk
-                chunk, size = [], 0
-            chunk.append((key, t))
-            size += nbytes
-        if chunk:
-            yield chunk
 
     def _start_pulls(self, version: int) -> dict[int, list[Call]]:
         pulls: dict[int, list[Call]] = {}
         for s in range(len(self.client)):
-            items = [(b.key, torch.empty(b.shape)) for b in self.plan.of_server(s)]
-            for chunk in self._chunks(items):
-                meta = {"keys": [k for k, _ in chunk], "version": version}
+            sized = [(b.key, math.prod(b.shape) * 4) for b in self.plan.of_server(s)]  # float32
+            for keys in chunks_by_bytes(sized, self._chunk_bytes):
+                meta = {"keys": keys, "version": version}
                 pulls.setdefault(s, []).append(self.client.start(s, "pull", Message(meta)))
         return pulls
 

@@ -26,7 +26,7 @@ import torch
 from longboat.ps.client import Client
 from longboat.ps.local import LocalServers
 from longboat.ps.plan import DEFAULT_MAX_BLOCK_NUMEL, DEFAULT_MIN_BLOCK_SIZE, split_rows
-from longboat.ps.wire import Message
+from longboat.ps.wire import Message, chunks_by_bytes
 
 _PREFIX = "kv:"
 
@@ -194,17 +194,15 @@ class KVClient:
     ) -> list[tuple[tuple[int, int], list[tuple[str, torch.Tensor | None]]]]:
         """``parts`` (server, step, block key, bytes, payload) as messages per (server, step),
         each at most half the message limit (a block larger than that travels alone)."""
-        limit = self.client.max_bytes // 2
-        groups: dict[tuple[int, int], list[list[tuple[str, torch.Tensor | None]]]] = {}
-        sizes: dict[tuple[int, int], int] = {}
+        groups: dict[tuple[int, int], list[tuple[tuple[str, torch.Tensor | None], int]]] = {}
         for server, step, key, nbytes, t in parts:
-            chunks = groups.setdefault((server, step), [[]])
-            if chunks[-1] and sizes.get((server, step), 0) + nbytes > limit:
-                chunks.append([])
-                sizes[(server, step)] = 0
-            chunks[-1].append((key, t))
-            sizes[(server, step)] = sizes.get((server, step), 0) + nbytes
-        return [(where, chunk) for where, chunks in groups.items() for chunk in chunks]
+            groups.setdefault((server, step), []).append(((key, t), nbytes))
+        limit = self.client.max_bytes // 2
+        return [
+            (where, chunk)
+            for where, sized in groups.items()
+            for chunk in chunks_by_bytes(sized, limit)
+        ]
 
     def _known(self, key: str) -> tuple[torch.Size, torch.dtype, list[tuple[int, int, int]]]:
         if key not in self._layout:

@@ -17,8 +17,9 @@ import math
 import struct
 import sys
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -162,3 +163,21 @@ def _tensor(data: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> tor
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write to it
         return torch.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+_Item = TypeVar("_Item")
+
+
+def chunks_by_bytes(sized: Iterable[tuple[_Item, int]], limit: int) -> Iterator[list[_Item]]:
+    """The items of ``(item, nbytes)`` pairs in order, in lists of at most ``limit`` bytes (an
+    item larger than ``limit`` travels alone): how messages are kept under the size bound."""
+    chunk: list[_Item] = []
+    size = 0
+    for item, nbytes in sized:
+        if chunk and size + nbytes > limit:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += nbytes
+    if chunk:
+        yield chunk
