@@ -1,6 +1,8 @@
 """A 2-rank job in which rank 1 sleeps before its backward in step 2 (the stall).
 
-python -m longboat launch --nproc-per-node 2 tests/trace/stall_probe.py SLEEP WARN SHUTDOWN
+python -m longboat launch --nproc-per-node 2 tests/trace/stall_probe.py SLEEP [WARN SHUTDOWN]
+
+Without WARN and SHUTDOWN the strategy keeps its defaults.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from torch import nn
 from torch.nn import functional as F
 
 
-def train(sleep_s: float, warning_s: float, shutdown_s: float) -> None:
+def train(sleep_s: float, warning_s: float | None = None, shutdown_s: float | None = None) -> None:
     import longboat as lb
 
-    strategy = lb.Strategy(stall_warning_seconds=warning_s, stall_shutdown_seconds=shutdown_s)
+    strategy = lb.Strategy()
+    if warning_s is not None:
+        strategy.update(stall_warning_seconds=warning_s, stall_shutdown_seconds=shutdown_s)
     lb.init(strategy)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -52,6 +53,21 @@ def test_stall_shutdown_ends_the_job_non_zero(tmp_path: Path) -> None:
     assert f"rank 0 exited with code {STALL_EXIT_CODE}" in text  # the launcher names it
     assert "Missing ranks: 1: [" in text
     assert "stall_shutdown_seconds=4" in text
+
+
+def test_hung_rank_ends_a_default_job_at_the_job_timeout(tmp_path: Path) -> None:
+    """Default strategy, LONGBOAT_TIMEOUT=6: rank 1 sleeps 600 s before its backward. The
+    gradient communicator carries the job's timeout (torch's default would be 30 minutes), so
+    the job ends, and rank 0's last report names rank 1 and its tensors."""
+    cmd = [sys.executable, "-m", "longboat", "launch", "--nproc-per-node", "2"]
+    cmd += ["--log-dir", str(tmp_path / "log"), str(PROBE), "600"]
+    env = {**os.environ, "LONGBOAT_TIMEOUT": "6"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    report = next(line for line in text.splitlines() if "Missing ranks:" in line)
+    assert "rank 0 has waited" in report and "Missing ranks: 1: [" in report, report
+    assert all(name in report for name in PARAMS), report
 
 
 def test_missing_report_spans_buckets_and_unpublished_ranks() -> None:

@@ -220,6 +220,23 @@ def init(
     return info
 
 
+def job_timeout() -> timedelta:
+    """The job's timeout: init's, or before init() LONGBOAT_TIMEOUT, else DEFAULT_TIMEOUT_S.
+
+    Every process group, barrier and wait longboat creates is bounded by it.
+    """
+    return _state.timeout if _state is not None else _resolve_timeout(None)
+
+
+def new_group(ranks: list[int] | None = None) -> dist.ProcessGroup:
+    """``dist.new_group`` bounded by the job's timeout (torch's own default is 30 minutes).
+
+    Collective like any ``new_group``: every rank calls it with the same ``ranks``, in the
+    same order.
+    """
+    return dist.new_group(ranks=ranks, timeout=job_timeout())
+
+
 def is_initialized() -> bool:
     """True between init() and shutdown()."""
     return _state is not None
@@ -287,7 +304,7 @@ def barrier(timeout: float | None = None) -> None:
     from longboat.trace.stall import waiting
 
     try:
-        with waiting("barrier"):
+        with waiting("barrier", timeout_s=wait.total_seconds()):
             if _state.info.backend == "gloo":
                 dist.monitored_barrier(timeout=wait, wait_all_ranks=True)
             else:

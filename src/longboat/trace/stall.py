@@ -19,9 +19,13 @@ logs, like Horovod::
   them inside ``with waiting("name"):``; a rank whose count is below the awaited one is named
   with the last collective it reached.
 
-After ``stall_shutdown_seconds`` (0: never) the message is logged as an error and the process
-exits with `STALL_EXIT_CODE`, which the launcher reports as that rank's failure. Works on any
-backend: it needs only the store, not the backend's own watchdog. Parameter-server replies are
+Every process group longboat makes carries the job's timeout (``LONGBOAT_TIMEOUT``), so the
+backend ends a wait that lasts that long; shortly before, the inspector logs its report as an
+error, so the rank's last words name the missing ranks. After ``stall_shutdown_seconds`` (0: the
+job timeout plus `TIMEOUT_GRACE_S`, for waits the backend does not end itself) the report is
+logged as an error and the process exits with `STALL_EXIT_CODE`, which the launcher reports as
+that rank's failure. Works on any backend: it needs only the store, not the backend's own
+watchdog. Parameter-server replies are
 watched by the trainer's client (``longboat.ps.client``) with the same thresholds and exit code.
 """
 
@@ -44,12 +48,21 @@ log = get_logger("longboat.stall")
 
 #: exit status of a rank that the stall inspector shut down (EX_SOFTWARE)
 STALL_EXIT_CODE = 70
+#: seconds past the job timeout after which the inspector ends a wait the backend has not
+TIMEOUT_GRACE_S = 3.0
 _MAX_NAMES = 8
 _NULL = contextlib.nullcontext()
 
 Buckets = Sequence[Sequence[str]]
 #: (launches before the first launch of this bucket list, the bucket list), oldest first
 History = Sequence[tuple[int, Buckets]]
+
+
+def job_timeout_s() -> float:
+    """The job's timeout in seconds (``LONGBOAT_TIMEOUT``; see `longboat.cluster.job_timeout`)."""
+    from longboat.cluster import job_timeout
+
+    return job_timeout().total_seconds()
 
 
 def finished(handle: Any) -> bool:
@@ -109,14 +122,19 @@ def missing_report(
     return "Missing ranks: " + ("; ".join(parts) if parts else "none (all arrived; slow network?)")
 
 
-def abort(message: str, shutdown_s: float, exit_fn: Callable[[int], None] = os._exit) -> None:
-    """Log ``message`` as the reason for a stall shutdown and exit with `STALL_EXIT_CODE`."""
-    log.error(
-        "%s. Shutting down (stall_shutdown_seconds=%g): exit %d",
-        message,
-        shutdown_s,
-        STALL_EXIT_CODE,
-    )
+def abort(
+    message: str,
+    shutdown_s: float,
+    exit_fn: Callable[[int], None] = os._exit,
+    *,
+    reason: str | None = None,
+) -> None:
+    """Log ``message`` as the reason for a stall shutdown and exit with `STALL_EXIT_CODE`.
+
+    ``reason`` names the limit that was reached (default: ``stall_shutdown_seconds``).
+    """
+    why = reason or f"stall_shutdown_seconds={shutdown_s:g}"
+    log.error("%s. Shutting down (%s): exit %d", message, why, STALL_EXIT_CODE)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     exit_fn(STALL_EXIT_CODE)
@@ -134,6 +152,7 @@ class _Watcher:
         warning_s: float,
         shutdown_s: float,
         exit_fn: Callable[[int], None],
+        timeout_s: float | None,
     ):
         self._store = dist.PrefixStore(prefix, store)
         self.rank = rank
@@ -143,15 +162,35 @@ class _Watcher:
         self._published: Any = None
         self._warned_at: float | None = None
         self._inspected: float | None = None  # the wait_since of the wait last inspected
+        self._reported = False  # whether this wait's report before the timeout was logged
+        self.wait_timeout_s: float | None = None  # the current wait's own timeout, if it has one
+        self.timeout_s = job_timeout_s() if timeout_s is None else timeout_s
         self.retune(warning_s, shutdown_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="longboat-stall", daemon=True)
         self._thread.start()
 
     def retune(self, warning_s: float, shutdown_s: float) -> None:
-        """New thresholds (seconds; shutdown 0: never)."""
+        """New thresholds (seconds; shutdown 0: at the job timeout plus `TIMEOUT_GRACE_S`)."""
         self.warning_s, self.shutdown_s = warning_s, shutdown_s
         self._tick = min(1.0, max(0.05, warning_s / 4))
+
+    def _timeout(self) -> float:
+        """The timeout of the current wait: its own (``waiting(..., timeout_s=)``) or the job's."""
+        return self.timeout_s if self.wait_timeout_s is None else self.wait_timeout_s
+
+    def limit(self) -> tuple[float, str]:
+        """(seconds of waiting after which this rank shuts down, the setting that says so)."""
+        timeout = self._timeout()
+        if 0 < self.shutdown_s < timeout + TIMEOUT_GRACE_S:
+            return self.shutdown_s, f"stall_shutdown_seconds={self.shutdown_s:g}"
+        return timeout + TIMEOUT_GRACE_S, f"timeout of {timeout:g}s exceeded"
+
+    def report_at(self) -> float:
+        """Seconds of waiting after which the report is logged once as an error, ahead of the
+        timeout at which the backend ends the wait."""
+        timeout = self._timeout()
+        return timeout - min(5.0, timeout / 5)
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -195,12 +234,24 @@ class _Watcher:
         since = self.wait_since
         if since is None or since != self._inspected:
             self._warned_at = None  # a new wait (possibly begun before this tick saw the last end)
+            self._reported = False
             self._inspected = since
         if since is None:
             return
         waited = time.monotonic() - since
-        if self.shutdown_s > 0 and waited >= self.shutdown_s:
-            abort(self.describe(waited), self.shutdown_s, self._exit)
+        limit, why = self.limit()
+        if waited >= limit:
+            abort(self.describe(waited), self.shutdown_s, self._exit, reason=why)
+            return
+        if waited >= self.report_at() and not self._reported:
+            self._reported = True
+            timeout = self._timeout()
+            log.error(
+                "%s. Its timeout (%gs; the job's is LONGBOAT_TIMEOUT) ends this wait in %.0f s",
+                self.describe(waited),
+                timeout,
+                max(0.0, timeout - waited),
+            )
             return
         due = self._warned_at is None or waited - self._warned_at >= self.warning_s
         if waited >= self.warning_s and due:
@@ -225,12 +276,20 @@ class StallWatch(_Watcher):
         warning_s: float,
         shutdown_s: float = 0.0,
         exit_fn: Callable[[int], None] = os._exit,
+        timeout_s: float | None = None,
     ):
         self.history: list[tuple[int, list[list[str]]]] = [(0, [list(b) for b in buckets])]
         self.launches = 0  # buckets launched so far (written by the training thread only)
         self.handles: list[tuple[int, int, Any]] = []  # (launch number, bucket, handle) this step
         super().__init__(
-            store, f"longboat/stall/{key}/", rank, world_size, warning_s, shutdown_s, exit_fn
+            store,
+            f"longboat/stall/{key}/",
+            rank,
+            world_size,
+            warning_s,
+            shutdown_s,
+            exit_fn,
+            timeout_s,
         )
 
     @property
@@ -304,6 +363,7 @@ class CollectiveWatch(_Watcher):
         shutdown_s: float = 0.0,
         exit_fn: Callable[[int], None] = os._exit,
         group: Any = None,
+        timeout_s: float | None = None,
     ):
         self.group = group if group is not None else dist.group.WORLD
         self.count = 0  # collectives entered so far
@@ -317,6 +377,7 @@ class CollectiveWatch(_Watcher):
             warning_s,
             shutdown_s,
             exit_fn,
+            timeout_s,
         )
         # joined before the interpreter finalises (also in multiprocessing children, which skip
         # atexit): a daemon thread caught inside a store call then aborts the process
@@ -326,10 +387,12 @@ class CollectiveWatch(_Watcher):
         return dist.is_initialized() and dist.group.WORLD is self.group
 
     @contextlib.contextmanager
-    def waiting(self, label: str) -> Any:
-        """Count and time one collective named ``label`` (the body runs it)."""
+    def waiting(self, label: str, timeout_s: float | None = None) -> Any:
+        """Count and time one collective named ``label`` (the body runs it); ``timeout_s``: its
+        own timeout when it is not the job's."""
         self.count += 1
         self.label, self.inside = label, True
+        self.wait_timeout_s = timeout_s
         self.wait_since = time.monotonic()
         try:
             yield
@@ -372,8 +435,11 @@ _collectives: CollectiveWatch | None = None
 _collectives_lock = threading.Lock()
 
 
-def waiting(label: str, group: Any = None) -> contextlib.AbstractContextManager[Any]:
-    """``with waiting("barrier"): dist.barrier()``: watch the collective inside as ``label``.
+def waiting(
+    label: str, group: Any = None, timeout_s: float | None = None
+) -> contextlib.AbstractContextManager[Any]:
+    """``with waiting("barrier"): dist.barrier()``: watch the collective inside as ``label``
+    (``timeout_s``: its own timeout when it is not the job's).
 
     Only collectives of the world group are counted (every rank issues them in the same order);
     with the inspector off, or another ``group``, this is a shared no-op context.
@@ -381,7 +447,7 @@ def waiting(label: str, group: Any = None) -> contextlib.AbstractContextManager[
     watch = _collectives
     if watch is None or (group is not None and group is not dist.group.WORLD):
         return _NULL
-    return watch.waiting(label)
+    return watch.waiting(label, timeout_s)
 
 
 def watch_collectives(strategy: Any = None) -> CollectiveWatch | None:

@@ -195,10 +195,10 @@ def build_groups(
         )
     me, intra, inter = dist.get_rank(), None, None
     for ranks in nodes:
-        created = dist.new_group(ranks)
+        created = cluster.new_group(ranks)
         intra = created if me in ranks else intra
     for ranks in (list(col) for col in zip(*nodes, strict=True)):
-        created = dist.new_group(ranks)
+        created = cluster.new_group(ranks)
         inter = created if me in ranks else inter
     return intra, inter
 

@@ -91,17 +91,10 @@ class PeerFailedError(RuntimeError):
 
 
 def default_timeout() -> float:
-    """LONGBOAT_TIMEOUT in seconds, default 300."""
-    from longboat.cluster import DEFAULT_TIMEOUT_S
+    """The job's timeout in seconds (``LONGBOAT_TIMEOUT``, default 300)."""
+    from longboat.cluster import job_timeout
 
-    raw = os.environ.get("LONGBOAT_TIMEOUT", str(DEFAULT_TIMEOUT_S))
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"LONGBOAT_TIMEOUT={raw!r} must be a positive number of seconds")
-    return value
+    return job_timeout().total_seconds()
 
 
 @lru_cache(maxsize=256)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 from typing import Any
 
 import torch
@@ -42,7 +41,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     info = cluster.init()
     strategy = cluster.current_strategy()
     algorithm = "native" if strategy is None else str(strategy.allreduce_algorithm)
-    _controller = Controller(info.rank, info.world_size, _timeout_s(), algorithm)
+    timeout_s = cluster.job_timeout().total_seconds()
+    _controller = Controller(info.rank, info.world_size, timeout_s, algorithm)
     atexit.unregister(_close_at_exit)
     atexit.register(_close_at_exit)  # runs before lb's own atexit shutdown (LIFO)
 
@@ -53,11 +53,6 @@ def _close_at_exit() -> None:
     ctl, _controller = _controller, None
     if ctl is not None:
         ctl.close(grace_s=1.0)
-
-
-def _timeout_s() -> float:
-    raw = os.environ.get("LONGBOAT_TIMEOUT", "")
-    return float(raw) if raw.strip() else cluster.DEFAULT_TIMEOUT_S
 
 
 def shutdown() -> None:

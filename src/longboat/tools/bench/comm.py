@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from longboat import cluster
+
 DEFAULT_SIZES = "1K,16K,256K,1M,4M,16M,64M,256M"
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -79,7 +81,7 @@ def measure(
     """Median seconds per (algorithm, size); collective: every rank calls it."""
     from longboat.comm import algorithms as registry
 
-    group = dist.new_group()
+    group = cluster.new_group()
     fns = {name: registry.make(name, group) for name in algorithms}
     out: dict[str, dict[int, float]] = {"gloo": {}} | {name: {} for name in algorithms}
     for size in sizes:
