@@ -30,6 +30,67 @@ def test_mismatched_models_raise_on_every_rank():
         assert "'1.weight'" in msg and "(8, 8)" in msg and "(9, 8)" in msg
 
 
+# field -> rank 1's value (rank 0 keeps the default); the message must name each one
+_MISMATCHES: dict[str, dict] = {
+    "allreduce_algorithm": {"allreduce_algorithm": "ring"},
+    "nccl_comm_num": {"nccl_comm_num": 2},
+    "fuse_grad_size_in_MB": {"fuse_grad_size_in_MB": 1},
+    "fp16_allreduce": {"fp16_allreduce": True},
+    "gradient_compression": {"gradient_compression": "powersgd"},
+    "localsgd": {"localsgd": True},
+    "gradient_merge": {"gradient_merge": True, "gradient_merge_configs": {"k_steps": 4}},
+}
+
+
+def _mismatched_settings(rank: int, world: int) -> dict[str, str]:
+    import longboat as lb
+    from longboat.collective.consistency import SettingsMismatchError
+
+    messages = {}
+    for field, changes in _MISMATCHES.items():
+        strategy = lb.Strategy(**changes) if rank == 1 else lb.Strategy()
+        model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+        try:
+            lb.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
+            messages[field] = "no error"
+        except SettingsMismatchError as e:
+            messages[field] = str(e)
+    # a PowerSGD key set from the environment on rank 1 only
+    env = {"LONGBOAT_POWERSGD_CONFIGS": '{"rank": 2}'} if rank == 1 else {}
+    strategy = lb.Strategy(gradient_compression="powersgd", env=env)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    try:
+        lb.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
+        messages["powersgd_configs"] = "no error"
+    except SettingsMismatchError as e:
+        messages["powersgd_configs"] = str(e)
+    # fields that act on one process only may differ
+    strategy = lb.Strategy(num_threads=1 + rank, stall_shutdown_seconds=30.0 * rank)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    lb.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
+    return messages
+
+
+def test_mismatched_settings_raise_on_every_rank_naming_the_field():
+    results = run_ranks(_mismatched_settings, 2, timeout=120)
+    assert results[0] == results[1]  # the same message on every rank
+    for field, changes in _MISMATCHES.items():
+        msg = results[0][field]
+        assert "Strategy settings differ between ranks" in msg, (field, msg)
+        for name in changes:
+            assert f"  {name}" in msg, (field, msg)
+        line = next(ln for ln in msg.splitlines() if ln.startswith(f"  {field}: "))
+        value = changes[field]
+        assert "on rank 1 (code)" in line and "on rank 0 (default)" in line, line
+        if not isinstance(value, bool):
+            assert repr(value) in line, line
+    env_line = next(
+        ln for ln in results[0]["powersgd_configs"].splitlines() if "powersgd_configs" in ln
+    )
+    assert env_line.startswith("  powersgd_configs.rank: 1 on rank 0 (default); 2 on rank 1 ")
+    assert "(env:LONGBOAT_POWERSGD_CONFIGS)" in env_line, env_line
+
+
 def _unused_without_flag(rank: int, world: int) -> str:
     import longboat as lb
     from longboat.collective.reducer import UnusedParametersError

@@ -1,9 +1,11 @@
-"""Start-up agreement: every rank has the same model, then rank 0's values everywhere."""
+"""Start-up agreement: every rank has the same model and settings, then rank 0's values
+everywhere."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,81 @@ _SUMMABLE_INTS = (torch.int64, torch.int32)  # integer buffers the algorithms ca
 
 class ModelMismatchError(RuntimeError):
     """Ranks built different models (names, shapes or dtypes differ)."""
+
+
+class SettingsMismatchError(RuntimeError):
+    """Ranks run with different Strategy settings for what they exchange."""
+
+
+_SHOWN_FIELDS = 8
+
+
+def verify_same_settings(strategy: Any, group: dist.ProcessGroup | None = None) -> None:
+    """Raise SettingsMismatchError on every rank if any rank's Strategy differs from another's.
+
+    Every field that shapes communication (all but those declared ``per_rank``; config fields
+    key by key) is compared: each rank publishes ``{"field" or "field.key": [value, source]}``
+    as JSON, all ranks receive all of them,
+    so every rank raises the same message naming each differing field, the value on each
+    rank and where it came from (default, code, file, env:LONGBOAT_X).
+    """
+    from longboat.strategy.fields import FIELDS
+
+    values = strategy.to_dict()
+    mine: dict[str, list[Any]] = {}
+    for name, spec in FIELDS.items():
+        if spec.per_rank:
+            continue
+        paths = [f"{name}.{key}" for key in values[name]] if spec.is_config else [name]
+        for path in paths:
+            field, _, key = path.partition(".")
+            value = values[field][key] if key else values[field]
+            mine[path] = [value, strategy.source(path)]
+    tables = [json.loads(blob) for blob in allgather_bytes(json.dumps(mine).encode(), group)]
+    differing = [
+        name
+        for name in mine
+        if any(json.dumps(t.get(name, [None])[0]) != json.dumps(tables[0][name][0]) for t in tables)
+    ]
+    if not differing:
+        return
+    lines = [f"  {name}: {_values_by_rank(name, tables)}" for name in differing[:_SHOWN_FIELDS]]
+    if len(differing) > _SHOWN_FIELDS:
+        lines.append(f"  ... and {len(differing) - _SHOWN_FIELDS} more fields")
+    raise SettingsMismatchError(
+        f"Strategy settings differ between ranks ({len(differing)} field(s)); ranks that "
+        "disagree on them would hang or exchange mismatched data:\n"
+        + "\n".join(lines)
+        + "\nGive every rank the same Strategy: the same code, --config file and LONGBOAT_* "
+        "variables on every node."
+    )
+
+
+def _values_by_rank(name: str, tables: list[dict[str, list[Any]]]) -> str:
+    """``2 on ranks 0-2 (default); 4 on rank 3 (env:LONGBOAT_X)``: ranks grouped by value."""
+    groups: dict[str, tuple[Any, list[int], str]] = {}
+    for rank, table in enumerate(tables):
+        value, source = table.get(name, [None, "missing"])
+        key = json.dumps(value, sort_keys=True)
+        if key not in groups:
+            groups[key] = (value, [], source)
+        groups[key][1].append(rank)
+    parts = [
+        f"{value!r} on {_ranks(ranks)} ({source})" for value, ranks, source in groups.values()
+    ]
+    return "; ".join(parts)
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 3`` or ``ranks 0-2, 5``."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
 
 
 def _signature(module: nn.Module) -> list[list[str]]:

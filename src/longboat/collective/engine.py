@@ -13,7 +13,11 @@ import longboat.cluster as cluster
 from longboat.collective.amp import Amp
 from longboat.collective.autotune import Builder, Candidate, make_tuner
 from longboat.collective.buckets import BucketPlan, GradSpec, layer_of, plan_buckets
-from longboat.collective.consistency import broadcast_state, verify_same_model
+from longboat.collective.consistency import (
+    broadcast_state,
+    verify_same_model,
+    verify_same_settings,
+)
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.model import DistributedModel
 from longboat.collective.optimizer import (
@@ -46,8 +50,8 @@ def distribute(
 ) -> tuple[DistributedModel, torch.optim.Optimizer | None]:
     """Make ``model`` data-parallel across all ranks according to ``strategy``.
 
-    Initialises the cluster if needed, checks that every rank built the same model,
-    broadcasts rank 0's parameters and buffers, and installs the gradient reducer. Returns
+    Initialises the cluster if needed, checks that every rank runs the same Strategy and built
+    the same model, broadcasts rank 0's parameters and buffers, and installs the gradient reducer. Returns
     the wrapped model and the optimizer (gated for gradient merge when that is on).
     """
     strategy = strategy or cluster.current_strategy() or Strategy()
@@ -68,6 +72,8 @@ def distribute(
         raise ValueError("the model has no parameters that require grad: nothing to train")
     _check_devices(named)
     watch_collectives(strategy)  # the stall inspector names the waits below
+    with waiting("settings check of lb.distribute (Strategy fields)"):
+        verify_same_settings(strategy)
     with waiting("model check of lb.distribute (parameter names and shapes)"):
         verify_same_model(model)
     algorithm, comms, fns = _allreduce_fns(strategy)

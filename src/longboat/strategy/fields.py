@@ -262,6 +262,7 @@ _SPECS: tuple[FieldSpec, ...] = (
         True,
         "benchmark all cuDNN convolution algorithms and cache the fastest",
         mapped("torch.backends.cudnn.benchmark"),
+        per_rank=True,
     ),
     FieldSpec(
         "conv_workspace_size_limit",
@@ -269,6 +270,7 @@ _SPECS: tuple[FieldSpec, ...] = (
         4000,
         "cuDNN convolution workspace limit, in MiB",
         mapped("environment variable CUDNN_CONV_WSCAP_DBG (MiB)"),
+        per_rank=True,
     ),
     FieldSpec(
         "cudnn_batchnorm_spatial_persistent",
@@ -279,6 +281,7 @@ _SPECS: tuple[FieldSpec, ...] = (
             "PyTorch chooses the cuDNN batch-norm kernel itself (the persistent one for "
             "channels_last inputs) and offers no switch to change that; remove this setting"
         ),
+        per_rank=True,
     ),
     FieldSpec(
         "amp",
@@ -427,8 +430,10 @@ _SPECS: tuple[FieldSpec, ...] = (
         "stall_shutdown_seconds",
         Float(0),
         0.0,
-        "abort the job (exit status 70) when a wait lasts this long (0: never)",
+        "abort the job (exit status 70) when a wait lasts this long (0: at the job timeout, "
+        "LONGBOAT_TIMEOUT, which bounds every collective anyway)",
         implemented(),
+        per_rank=True,
     ),
     # ---- BuildStrategy ------------------------------------------------------------------
     FieldSpec(
@@ -519,6 +524,7 @@ _SPECS: tuple[FieldSpec, ...] = (
         "CPU threads for intra-op parallelism",
         mapped("torch.set_num_threads"),
         group="ExecutionStrategy",
+        per_rank=True,
     ),
     FieldSpec(
         "num_iteration_per_drop_scope",

@@ -97,6 +97,17 @@ def conflict_markdown() -> str:
     return "\n".join(_md_table(("Field", "Conflicts with", "When", "Why"), rows)) + "\n"
 
 
+def agreement_markdown() -> str:
+    """Which fields must be the same on every rank (checked by ``lb.distribute``)."""
+    local = ", ".join(f"`{s.name}`" for s in FIELDS.values() if s.per_rank)
+    return (
+        "`lb.distribute` compares every field across ranks before any gradient is exchanged "
+        "and raises the same error on every rank, naming each field that differs and each "
+        f"rank's value and its source. These act on their own process only and may differ: "
+        f"{local}.\n"
+    )
+
+
 BEGIN_MARK = "<!-- BEGIN GENERATED: python -m longboat.strategy --markdown -->"
 END_MARK = "<!-- END GENERATED -->"
 
@@ -116,6 +127,9 @@ def reference_markdown() -> str:
             "### Conflicts",
             "",
             conflict_markdown(),
+            "### Same on every rank",
+            "",
+            agreement_markdown(),
             END_MARK,
             "",
         ]

@@ -74,6 +74,9 @@ class FieldSpec:
     status: Status
     group: Group = "DistributedStrategy"
     value_status: tuple[tuple[Any, Status], ...] = ()  # per-value overrides of ``status``
+    # True: acts on its own process only and may differ between ranks; every other field
+    # shapes what ranks exchange and must agree (checked by lb.distribute)
+    per_rank: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.type, Config):
