@@ -38,7 +38,10 @@ def test_two_rank_timeline_has_every_lane_per_rank(tmp_path: Path) -> None:
     path = tmp_path / "trace.json"
     buckets = run_ranks(_train, 2, str(path), timeout=120)[0]
     assert buckets >= 2  # two communicators both get work
-    assert rank_path(path, 0).exists() and rank_path(path, 1).exists()
+    for rank in (0, 1):  # each rank's file: a closed JSON array, one event per line
+        lines = rank_path(path, rank).read_text().splitlines()
+        assert lines[0] == "[" and lines[-1] == "]"
+        assert len(json.loads("\n".join(lines))) == len(lines) - 2
     doc = json.loads(path.read_text())  # valid JSON, Chrome trace object form
     events = doc["traceEvents"]
     names = {

@@ -3,13 +3,15 @@
     strategy = lb.Strategy(timeline="trace.json")   # or LONGBOAT_TIMELINE=trace.json
     for x, y in lb.trace.data(loader):              # optional: record waits for input
         ...
-    # at exit: trace.rank<r>.json per rank, merged into trace.json by rank 0
+    # trace.rank<r>.json per rank, written as the run goes (bounded memory),
+    # merged into trace.json by rank 0 at exit
     # longboat timeline trace.json -o overlap.png
 
 Parameter-server trainers (``mode="ps"``) record the same way, with their calls to the servers
 on the ``ps`` lanes (`longboat.trace.ps`). The stall inspector is on by default
 (``stall_warning_seconds`` = 60): gradient buckets, the other collectives longboat issues
-(``waiting``), and parameter-server replies.
+(``waiting``), and parameter-server replies; it logs its report before the job timeout ends a
+wait.
 """
 
 import sys

@@ -126,7 +126,7 @@ class Observer:
             yield
 
     def close(self) -> None:
-        """Stop the stall thread and write the timeline (idempotent)."""
+        """Stop the stall thread and finish the timeline file (idempotent)."""
         if self.watch is not None:
             self.watch.close()
         if self.recorder is not None:
@@ -229,6 +229,7 @@ def data(loader: Iterable[Any], name: str = "next batch") -> Iterator[Any]:
 
 
 def save() -> None:
-    """Write the timeline now (normally done at exit)."""
+    """Finish the timeline now (normally done at exit): the rank's last events are written and
+    its file closed; rank 0 merges. Events recorded afterwards are dropped."""
     if _current is not None:
         _current.close()

@@ -1,4 +1,4 @@
-"""The overlap picture (seed 000's figure): per rank, one row for compute and one per communicator
+"""The overlap picture: per rank, one row for compute and one per communicator
 (or, for a parameter-server trainer, per ``ps`` lane of calls in flight)."""
 
 from __future__ import annotations

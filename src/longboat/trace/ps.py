@@ -124,7 +124,7 @@ class PSObserver:
         return self.recorder.span("compute", f"wait {what}", "wait", step=self._step())
 
     def close(self) -> None:
-        """Write the timeline (idempotent; also run at exit)."""
+        """Finish the timeline file (idempotent; also run at exit)."""
         if self._closed:
             return
         self._closed = True
