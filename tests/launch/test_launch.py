@@ -12,17 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.launch._launcher import Launched, run_launcher
+
 PROBE = Path(__file__).with_name("launch_probe.py")
+FAILURE_PROBE = Path(__file__).with_name("failure_probe.py")
+RACE_LAUNCHES = 5
 
 
-def launch(tmp_path: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "longboat", "launch", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def launch(tmp_path: Path, *args: str, timeout: float = 90) -> Launched:
+    return run_launcher(tmp_path, *args, timeout=timeout)
 
 
 def results(out: Path, pattern: str) -> list[dict]:
@@ -155,6 +153,11 @@ def test_max_restarts_resumes_from_checkpoint_and_matches_uninterrupted(tmp_path
         assert done.returncode == 0, done.stdout + done.stderr
         finals[name] = torch.load(out / "final.pt", weights_only=True)
         if name == "crashed":
+            assert (
+                "longboat launch: restart attempt 1 of 1 after rank 1 exited with code 5"
+                in done.stdout
+            ), done.stdout
+            assert "workers started again" in done.stdout
             logs = (out / "log" / "workerlog.1").read_text()
             assert "resumed at step 5" in logs
             assert "crashes on purpose" in (out / "log" / "workerlog.1.attempt0").read_text()
@@ -173,3 +176,56 @@ def test_config_file_reaches_the_ranks(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert {r["LONGBOAT_CONFIG"] for r in results(tmp_path, "rank*.json")} == {str(config)}
+
+
+def summary_of(done: Launched) -> list[str]:
+    """The launcher's failure summary: its lines from the one naming the first failure."""
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("longboat launch: rank"))
+    return lines[start:]
+
+
+def test_sigkilled_rank_is_named_before_the_rank_the_launcher_stopped(tmp_path):
+    """Rank 1 SIGKILLs itself while rank 0 waits in an allreduce. Rank 0 then raises too
+    ("Connection reset by peer") and is stopped by the launcher while exiting; whichever of
+    the two the agent notices first, rank 1 is the failure and rank 0 the one stopped."""
+    firsts, stopped = [], []
+    for attempt in range(RACE_LAUNCHES):
+        out = tmp_path / f"launch{attempt}"
+        out.mkdir()
+        done = run_launcher(
+            out, "--nproc-per-node", "2", str(FAILURE_PROBE), str(out), "sigkill", pid_dir=out
+        )
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert done.left_running == [], "ranks outlived the launcher"
+        summary = summary_of(done)
+        firsts.append(summary[0])
+        stopped.append(summary[1])
+        assert summary[2] == "--- last 20 lines of log/workerlog.1 ---"
+        assert "rank 1 kills itself with SIGKILL" in summary[3:]
+    host = socket.gethostname()
+    assert firsts == [f"longboat launch: rank 1 was killed by SIGKILL on host {host}"] * len(firsts)
+    assert stopped == ["stopped by the launcher as a consequence: rank 0 (SIGTERM)"] * len(stopped)
+
+
+def test_stall_report_is_shown_even_far_from_the_end_of_the_log(tmp_path):
+    done = run_launcher(
+        tmp_path,
+        "--nproc-per-node",
+        "2",
+        str(FAILURE_PROBE),
+        str(tmp_path),
+        "stall",
+        pid_dir=tmp_path,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.left_running == []
+    summary = summary_of(done)
+    assert summary[0].startswith("longboat launch: rank 1 exited with code 70 on host")
+    label = summary.index(
+        '--- stall report of rank 1 (last "Missing ranks:" line of log/workerlog.1) ---'
+    )
+    report = summary[label + 1]
+    assert "ERROR" in report and "Missing ranks: 0: [barrier]" in report
+    tail = summary[summary.index("--- last 20 lines of log/workerlog.1 ---") + 1 :]
+    assert len(tail) == 20 and not any("Missing ranks:" in line for line in tail)

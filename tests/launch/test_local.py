@@ -43,6 +43,14 @@ def rank1_raises() -> None:
     dist.all_reduce(torch.zeros(1))
 
 
+def rank1_sigkills() -> None:
+    """Rank 1 kills itself; rank 0 blocks in an allreduce that can never complete."""
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.zeros(1))
+
+
 def sleep_forever() -> None:
     time.sleep(3600)
 
@@ -69,6 +77,16 @@ def test_failing_rank_is_named_with_its_error() -> None:
     assert "ValueError: rank one exploded on purpose" in message
     assert next(iter(info.value.failures)) == 1
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_killed_rank_is_named_and_the_stopped_rank_listed() -> None:
+    with pytest.raises(LaunchError) as info:
+        launch_local(rank1_sigkills, nproc=2, timeout=60)
+    message = str(info.value)
+    assert message.startswith("launch_local: rank 1 failed (killed by SIGKILL)"), message
+    assert list(info.value.failures) == [1]
+    assert info.value.stopped == [0]
+    assert "stopped by the launcher as a consequence: rank 0" in message
 
 
 def test_script_failure_shows_stderr_tail_from_log_dir(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import threading
 from collections.abc import Iterator, Mapping
 
 from torch.distributed.elastic.multiprocessing import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 _HANDLED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
@@ -29,16 +28,6 @@ def quiet_torch_logging() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     for name in _TORCH_FAILURE_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
-def failure_time(failure: ProcessFailure) -> tuple[float, float]:
-    """When a rank failed: torch's whole-second timestamp, ties broken by its error file's mtime
-    (a rank that died without writing one, e.g. from a signal, sorts after those that did)."""
-    try:
-        written = os.path.getmtime(failure.error_file)
-    except OSError:
-        written = float("inf")
-    return failure.timestamp, written
 
 
 @contextlib.contextmanager

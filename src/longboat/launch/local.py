@@ -1,8 +1,9 @@
 """Start N ranks on this machine through torch's elastic agent.
 
-`launch_local` is a thin policy layer over ``torch.distributed.launcher.api.elastic_launch``: a
+`launch_local` is a thin policy layer over torch's local agent (`supervisor.run_agent`): a
 standalone c10d rendezvous on 127.0.0.1, a fair share of the cores per rank, quiet torch logging,
-a deadline, and failures translated into a `LaunchError` that names the rank and shows its error.
+a deadline, and failures translated into a `LaunchError` that names the first failed rank, shows
+its error, and lists the ranks the launcher stopped because of it.
 """
 
 from __future__ import annotations
@@ -19,17 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from torch.distributed.launcher.api import LaunchConfig
 
-from longboat.launch.agent import (
-    failure_time,
-    patched_environ,
-    quiet_torch_logging,
-    signals_raise_in_main_thread,
-)
+from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
+from longboat.launch.exits import RankExit, stopped_ranks
 from longboat.launch.ports import free_port as _free_port
+from longboat.launch.supervisor import GroupFailedError, run_agent
 
 __all__ = ["LaunchError", "RankFailure", "launch_local"]
 
@@ -68,11 +66,18 @@ class RankFailure:
 
 
 class LaunchError(RuntimeError):
-    """A launched job failed; ``failures`` maps rank to `RankFailure`, root cause first."""
+    """A launched job failed; ``failures`` maps rank to `RankFailure`, root cause first;
+    ``stopped`` lists the ranks the launcher stopped because of them."""
 
-    def __init__(self, message: str, failures: Mapping[int, RankFailure] | None = None):
+    def __init__(
+        self,
+        message: str,
+        failures: Mapping[int, RankFailure] | None = None,
+        stopped: Sequence[int] = (),
+    ):
         super().__init__(message)
         self.failures: dict[int, RankFailure] = dict(failures or {})
+        self.stopped: list[int] = list(stopped)
 
 
 def launch_local(
@@ -117,7 +122,7 @@ def launch_local(
             return _launch_with_free_port(
                 entrypoint, args, nproc, root, run_id, max_restarts, keep_logs=log_dir is not None
             )
-        except ChildFailedError as exc:
+        except GroupFailedError as exc:
             raise _launch_error(exc, root, run_id) from None
         except SignalException as exc:
             if expired.is_set():
@@ -144,7 +149,7 @@ def _launch_with_free_port(
         port = _free_port()
         config = _launch_config(nproc, port, log_root, run_id, max_restarts, keep_logs)
         try:
-            return elastic_launch(config, entrypoint)(*args)
+            return run_agent(config, entrypoint, args)
         except RendezvousConnectionError as exc:
             if attempt == _PORT_ATTEMPTS:
                 raise LaunchError(
@@ -189,34 +194,31 @@ def _rank_env(nproc: int, env: Mapping[str, str] | None) -> dict[str, str]:
     return extra
 
 
-def _launch_error(exc: ChildFailedError, log_root: str, run_id: str) -> LaunchError:
-    """Translate torch's ChildFailedError into one readable message, root cause first.
-
-    torch reports the first rank whose *exit* it noticed; a rank that raised earlier may still
-    have been exiting, so every error file of the attempt counts, ordered by when it was written.
-    """
+def _launch_error(exc: GroupFailedError, log_root: str, run_id: str) -> LaunchError:
+    """Translate the agent's failure into one readable message, first failure first."""
+    report = exc.report
     attempt = _latest_attempt_dir(log_root, run_id)
-    found: dict[int, tuple[tuple[float, float], RankFailure]] = {}
-    for rank, failure in exc.failures.items():
-        signame = failure.signal_name() if failure.exitcode < 0 else None
-        error = _traceback_tail(failure) or _stderr_tail(attempt, rank)
-        found[rank] = (failure_time(failure), RankFailure(rank, failure.exitcode, signame, error))
-    for rank, path in _error_files(attempt).items():
-        if rank not in found:
-            failure = ProcessFailure(local_rank=rank, pid=0, exitcode=1, error_file=path)
-            found[rank] = (
-                failure_time(failure),
-                RankFailure(rank, None, None, _traceback_tail(failure)),
-            )
-    failures = {rank: found[rank][1] for rank in sorted(found, key=lambda r: found[r][0])}
-    root = next(iter(failures.values()))
+    failures = {c.rank: _rank_failure(c, attempt) for c in report.causes}
+    root = failures[report.first.rank]
     lines = [f"launch_local: {root.describe()}"]
     others = [f.describe() for f in failures.values() if f is not root]
     if others:
         lines.append("then: " + "; ".join(others))
+    if report.stopped:
+        lines.append("stopped by the launcher as a consequence: " + stopped_ranks(report.stopped))
     lines.append(f"--- last lines from rank {root.rank} ---")
     lines.append(root.error or _NO_TRACEBACK)
-    return LaunchError("\n".join(lines), failures)
+    return LaunchError("\n".join(lines), failures, [s.rank for s in report.stopped])
+
+
+def _rank_failure(cause: RankExit, attempt: str | None) -> RankFailure:
+    """A failed rank with the tail of its traceback (or of its stderr log)."""
+    failure = ProcessFailure(
+        local_rank=cause.rank, pid=0, exitcode=cause.exitcode or 1, error_file=cause.error_file
+    )
+    error = _traceback_tail(failure) or _stderr_tail(attempt, cause.rank)
+    exitcode = None if cause.stopped else cause.exitcode
+    return RankFailure(cause.rank, exitcode, None if cause.stopped else cause.signal_name, error)
 
 
 def _latest_attempt_dir(log_root: str, run_id: str) -> str | None:
@@ -227,14 +229,6 @@ def _latest_attempt_dir(log_root: str, run_id: str) -> str | None:
     run = max(runs, key=os.path.getmtime)
     attempts = glob.glob(os.path.join(run, "attempt_*"))
     return max(attempts, key=lambda a: int(a.rsplit("_", 1)[1]), default=None)
-
-
-def _error_files(attempt: str | None) -> dict[int, str]:
-    """rank -> error file, for the ranks of this attempt that recorded a traceback."""
-    if attempt is None:
-        return {}
-    paths = glob.glob(os.path.join(attempt, "*", "error.json"))
-    return {int(os.path.basename(os.path.dirname(p))): p for p in paths}
 
 
 def _traceback_tail(failure: ProcessFailure) -> str:

@@ -119,7 +119,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max_restarts",
         type=int,
         default=0,
-        help="restart the whole group up to this many times after a failure",
+        help="restart the whole group up to this many times after a failure (each restart is "
+        "reported on the console)",
     )
     run.add_argument("--config", default=None, help="a Strategy YAML/JSON file exported to ranks")
     run.add_argument(

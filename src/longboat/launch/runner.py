@@ -9,26 +9,21 @@ import sys
 import uuid
 
 from rich.console import Console
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from torch.distributed.launcher.api import LaunchConfig
 
 from longboat.launch import options
-from longboat.launch.agent import (
-    failure_time,
-    patched_environ,
-    quiet_torch_logging,
-    signals_raise_in_main_thread,
-)
+from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
 from longboat.launch.banner import print_banner
 from longboat.launch.logs import WorkerLogs, log_name
 from longboat.launch.options import LaunchOptionError, LaunchSpec
 from longboat.launch.ports import free_port, holder_of, is_free, local_ip_towards
 from longboat.launch.roles import role_of
+from longboat.launch.summary import failure_summary, restart_line
+from longboat.launch.supervisor import GroupFailedError, Restart, run_agent
 
 _PORT_ATTEMPTS = 5
 _SHUTDOWN_GRACE_S = 3
-_TAIL_LINES = 20
 
 add_arguments = options.add_arguments
 
@@ -64,6 +59,10 @@ def launch(spec: LaunchSpec, console: Console) -> int:
     ]
     env = _rank_env(spec, my_ip, ports)
     run_id = _run_id(spec)
+
+    def on_restart(restart: Restart) -> None:
+        console.print(restart_line(restart), markup=False, soft_wrap=True)
+
     with patched_environ(env), signals_raise_in_main_thread():
         for attempt in range(1, _PORT_ATTEMPTS + 1):
             port = spec.master_port or free_port()
@@ -71,8 +70,8 @@ def launch(spec: LaunchSpec, console: Console) -> int:
             if attempt == 1:
                 print_banner(spec, master, _rows(spec, my_ip, ports), console)
             try:
-                elastic_launch(_config(spec, master, run_id), sys.executable)(
-                    *_bootstrap_args(spec)
+                run_agent(
+                    _config(spec, master, run_id), sys.executable, _bootstrap_args(spec), on_restart
                 )
                 return 0
             except RendezvousConnectionError as exc:
@@ -81,8 +80,11 @@ def launch(spec: LaunchSpec, console: Console) -> int:
                         f"longboat launch: rendezvous on {master} failed: {exc}", markup=False
                     )
                     return 1
-            except ChildFailedError as exc:
-                console.print(failure_summary(exc, spec), markup=False, soft_wrap=True)
+            except GroupFailedError as exc:
+                summary = failure_summary(
+                    exc.report, spec.log_dir, socket.gethostname(), spec.servers
+                )
+                console.print(summary, markup=False, soft_wrap=True)
                 return 1
     return 1
 
@@ -178,32 +180,3 @@ def _rows(spec: LaunchSpec, my_ip: str, ports: list[int]) -> list[dict[str, str]
         }
         rows.append(row)
     return rows
-
-
-def failure_summary(exc: ChildFailedError, spec: LaunchSpec) -> str:
-    """First failed rank, host, exit code or signal, and the last lines of its log."""
-    failures: dict[int, ProcessFailure] = exc.failures
-    order = sorted(failures, key=lambda r: failure_time(failures[r]))
-    first = order[0]
-    lines = [f"longboat launch: {describe(first, failures[first])} on host {socket.gethostname()}"]
-    others = [describe(r, failures[r]) for r in order[1:]]
-    if others:
-        lines.append("then: " + "; ".join(others))
-    path = os.path.join(spec.log_dir, log_name(first, spec.servers))
-    lines.append(f"--- last {_TAIL_LINES} lines of {path} ---")
-    lines.append(_tail(path))
-    return "\n".join(lines)
-
-
-def describe(rank: int, failure: ProcessFailure) -> str:
-    if failure.exitcode < 0:
-        return f"rank {rank} was killed by {failure.signal_name()}"
-    return f"rank {rank} exited with code {failure.exitcode}"
-
-
-def _tail(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "\n".join(f.read().rstrip().splitlines()[-_TAIL_LINES:]) or "(empty log)"
-    except OSError:
-        return "(no log was written)"
