@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from longboat.ps.auth import generate_token
 from longboat.ps.server import Server
@@ -17,9 +18,14 @@ from longboat.ps.server import Server
 
 @contextlib.contextmanager
 def servers(
-    n: int = 2, *, checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0
+    n: int = 2,
+    *,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    **settings: Any,
 ) -> Iterator[tuple[list[str], str]]:
-    """``n`` started servers on free ports of 127.0.0.1: yields (endpoints, token); stops them."""
+    """``n`` started servers on free ports of 127.0.0.1: yields (endpoints, token); stops them.
+    ``settings`` go to every ``Server`` (e.g. ``limits``, ``max_bytes``)."""
     token = generate_token()
     started: list[Server] = []
     try:
@@ -31,6 +37,7 @@ def servers(
                 token=token,
                 checkpoint_dir=checkpoint_dir,
                 checkpoint_every=checkpoint_every,
+                **settings,
             )
             started.append(s.start())
         yield [s.endpoint for s in started], token

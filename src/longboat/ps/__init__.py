@@ -24,6 +24,8 @@ _EXPORTS: dict[str, str] = {
     "current": "longboat.ps.engine",
     "PSConfig": "longboat.ps.engine",
     "PSError": "longboat.ps.client",
+    "SettingsMismatch": "longboat.ps.settings",
+    "ServerLimits": "longboat.ps.limits",
     "Client": "longboat.ps.client",
     "KVClient": "longboat.ps.kv",
     "make_plan": "longboat.ps.plan",

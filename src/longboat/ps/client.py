@@ -21,7 +21,18 @@ from longboat.ps.wire import Message
 from longboat.trace import stall as _stall
 
 SERVICE = "longboat.ps.ParameterServer"
-METHODS = ("init", "push", "pull", "barrier", "ping", "save", "restore", "configure", "stop")
+METHODS = (
+    "init",
+    "push",
+    "pull",
+    "barrier",
+    "ping",
+    "save",
+    "restore",
+    "configure",
+    "stop",
+    "hello",
+)
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_MAX_MESSAGE_MB = 256
 TIMEOUT_ENV = "LONGBOAT_PS_TIMEOUT"

@@ -1,6 +1,6 @@
 """Trainer-side background communication: the async/half-async send queue (Paddle's
 communicator: ``max_merge_var_num``, ``send_queue_size``, ``send_wait_times``) and the backward-
-hook pusher that starts a bucket's pushes as soon as its gradients are ready (seed 004)."""
+hook pusher that starts a bucket's pushes as soon as its gradients are ready."""
 
 from __future__ import annotations
 

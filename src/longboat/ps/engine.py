@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from longboat.log import get_logger
-from longboat.ps import auth
+from longboat.ps import auth, settings
 from longboat.ps.client import Call, Client, PSError, ReplyWatch
 from longboat.ps.communicator import AsyncCommunicator, HookPusher
 from longboat.ps.optim import describe_torch_optimizer
@@ -78,6 +78,22 @@ class PSConfig:
             wait_times=int(c["send_wait_times"]),
         )
         return replace(cfg, **overrides)
+
+
+def _plain_groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The JSON-able hyper-parameters of every param group (numbers, flags, names)."""
+    out = []
+    for group in optimizer.param_groups:
+        plain: dict[str, Any] = {}
+        for key, value in group.items():
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, tuple | list) and all(isinstance(v, int | float) for v in value):
+                value = list(value)
+            if key != "params" and isinstance(value, bool | int | float | str | list | None):
+                plain[key] = value
+        out.append(plain)
+    return out
 
 
 def cluster_from_env(env: Mapping[str, str] | None = None) -> tuple[list[str], int, int]:
@@ -153,11 +169,11 @@ class PSEngine:
         }[cfg.mode]
         if not cfg.update_on_server:
             self._update = "sum"
-        self._opt_name, self._groups, self._group_of = "", [], {}
+        self._opt_name, self._groups = "", []
         if self._update == "optimizer":
             self._opt_name, self._groups = describe_torch_optimizer(optimizer)
-            ids = {id(p): g for g, grp in enumerate(optimizer.param_groups) for p in grp["params"]}
-            self._group_of = {n: ids.get(id(p), 0) for n, p in self.params}
+        ids = {id(p): g for g, grp in enumerate(optimizer.param_groups) for p in grp["params"]}
+        self._group_of = {n: ids.get(id(p), 0) for n, p in self.params}
         for t in self.tables:
             t._lookup = self.lookup
         # model.state_dict() (torch.save after the last step) waits for the pulls in flight
@@ -188,8 +204,31 @@ class PSEngine:
             )
 
     # ---- set-up -------------------------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        """Everything that shapes this trainer's exchange with the servers: each server and
+        every later trainer must agree (``longboat.ps.settings``)."""
+        if self._update == "optimizer":
+            opt_name, groups = self._opt_name, self._groups
+        else:  # the trainers run it: the servers do not, but the other trainers must match
+            opt_name, groups = type(self.optimizer).__name__, _plain_groups(self.optimizer)
+        return {
+            "trainers": self.trainers,
+            "mode": self.cfg.mode,
+            "k_steps": self.cfg.k_steps if self.cfg.mode == "geo" else 0,
+            "update_on_server": self.cfg.update_on_server,
+            "optimizer": opt_name,
+            "param_groups": groups,
+            "param_group_of": [self._group_of[n] for n, _ in self.params],
+            "min_block_size": self.cfg.min_block_size,
+            "dense_params": len(self.params),
+            "dense_elements": sum(p.numel() for _, p in self.params),
+            "plan": self.plan.digest(),
+            "tables": {t.name: t.spec() for t in self.tables},
+        }
+
     def _init_servers(self) -> None:
         self.client.connect()
+        settings.agree(self.client, "engine", self.trainer, self.settings())
         msgs: dict[int, Message] = {}
         for s in range(len(self.client)):
             specs, values = [], {}

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from longboat.ps import settings
 from longboat.ps.client import Client
 from longboat.ps.local import LocalServers
 from longboat.ps.plan import DEFAULT_MAX_BLOCK_NUMEL, DEFAULT_MIN_BLOCK_SIZE, split_rows
@@ -62,6 +63,7 @@ class KVClient:
         self._layout: dict[str, tuple[torch.Size, torch.dtype, list[tuple[int, int, int]]]] = {}
         self._pushes: dict[str, int] = {}
         self._barriers: dict[str, int] = {}
+        self._agreed = False
 
     def _blocks(self, key: str, shape: Sequence[int]) -> list[tuple[int, int, int]]:
         """(server, start, stop) of each block of ``key``."""
@@ -84,10 +86,25 @@ class KVClient:
             }
         return spec | {"update": "assign"}
 
+    def settings(self) -> dict[str, Any]:
+        """What every kv client of the job must agree on (``longboat.ps.settings``)."""
+        return {
+            "trainers": self.trainers,
+            "sync": self.sync,
+            "reduce": self.reduce,
+            "optimizer": self.optimizer,
+            "hparams": self.hparams,
+            "min_block_size": self.min_block_size,
+        }
+
     def init(self, key: str, value: torch.Tensor, *, send_value: bool = True) -> None:
         """Create ``key`` on the servers with ``value`` (a no-op for a key that exists).
         ``send_value=False`` records the layout only, for trainers that let another one's value
-        win (call ``barrier`` before using the key then)."""
+        win (call ``barrier`` before using the key then). The first init checks this client's
+        ``settings()`` against the servers'."""
+        if not self._agreed:
+            settings.agree(self.client, "kv", self.trainer, self.settings())
+            self._agreed = True
         value = value.detach().cpu().contiguous()
         blocks = self._blocks(key, value.shape)
         self._layout[key] = (value.shape, value.dtype, blocks)

@@ -13,7 +13,7 @@ from longboat.ps.client import default_timeout, max_message_bytes
 from longboat.ps.state import ServerState
 from longboat.ps.wire import Message
 
-_CALLS = ("init", "push", "pull", "barrier", "configure")
+_CALLS = ("init", "push", "pull", "barrier", "configure", "hello")
 
 
 class LocalServers:
@@ -50,6 +50,9 @@ class LocalServers:
                 out[server] = wire.decode(state.pull(msg, deadline), self.max_bytes)
             elif method == "barrier":
                 out[server] = state.barrier(msg, deadline)
+            elif method == "hello":
+                own = {"wire_version": wire.VERSION, "max_message_bytes": self.max_bytes}
+                out[server] = state.hello(msg, own)
             else:
                 out[server] = getattr(state, method)(msg)
         return out

@@ -40,10 +40,15 @@ def check_hparams(name: str, hparams: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"server optimizer {name!r} has no hyper-parameter(s) {sorted(unknown)}")
     out = {**HPARAMS[name], **hparams}
     for key, value in out.items():
-        if not isinstance(value, bool | int | float | list) or (
-            isinstance(value, list) and not all(isinstance(v, int | float) for v in value)
+        default = HPARAMS[name][key]
+        numbers = value if isinstance(value, list) else [value]
+        if (
+            isinstance(value, list) != isinstance(default, list)
+            or (isinstance(value, list) and len(value) != len(default))
+            or not all(isinstance(v, int | float) and math.isfinite(v) for v in numbers)
         ):
-            raise ValueError(f"hyper-parameter {name}.{key} must be a number, got {value!r}")
+            shape = f"a list of {len(default)} numbers" if isinstance(default, list) else "a number"
+            raise ValueError(f"hyper-parameter {name}.{key} must be {shape}, got {value!r}")
     return out
 
 

@@ -1,4 +1,4 @@
-"""The sharding plan (seed 004's split -> send -> recv -> concat): which server holds which rows.
+"""The sharding plan (Paddle's split -> send -> recv -> concat): which server holds which rows.
 
 Every dense parameter is split along dim 0 into at most ``num_servers`` blocks of at least
 ``min_block_size`` elements (a parameter smaller than that stays one block; a block never

@@ -3,8 +3,10 @@
     lb.ps.run_server()            # in a PSERVER rank of `longboat launch --servers N`
     python -m longboat.ps.server --endpoint 127.0.0.1:7000 --index 0 --servers 2
 
-Every request must carry the job's token; frames are size-bounded and checked before use;
-waits inside a call end at the call's deadline. Binds 127.0.0.1 unless told otherwise.
+Every call must carry the job's token, checked when the call starts, before its body is read
+(``guard.TokenGate``); what callers may hold is bounded (``limits.ServerLimits``); frames are
+size-bounded and checked before use; waits inside a call end at the call's deadline. Binds
+127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -23,9 +25,10 @@ from typing import Any
 import grpc
 
 from longboat.log import get_logger
-from longboat.ps import auth, checkpoint, wire
-from longboat.ps.client import METHODS, SERVICE, channel_options, max_message_bytes
-from longboat.ps.state import RequestError, ServerState, StaleStep
+from longboat.ps import auth, checkpoint, guard, wire
+from longboat.ps.client import METHODS, SERVICE, max_message_bytes
+from longboat.ps.limits import ServerLimits
+from longboat.ps.state import RequestError, ServerState, StaleStep, meta_int
 from longboat.ps.wire import Message, WireError
 
 log = get_logger("longboat.ps")
@@ -33,6 +36,14 @@ log = get_logger("longboat.ps")
 MAX_WAIT_S = 600.0
 CHECKPOINT_DIR_ENV = "LONGBOAT_PS_CHECKPOINT_DIR"
 CHECKPOINT_EVERY_ENV = "LONGBOAT_PS_CHECKPOINT_EVERY"
+
+
+class CallError(Exception):
+    """How a call fails: the gRPC status ``code`` and the ``details`` its caller reads."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
 
 
 class Server:
@@ -48,14 +59,16 @@ class Server:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 0,
         max_bytes: int | None = None,
-        max_workers: int = 32,
+        limits: ServerLimits | None = None,
     ) -> None:
+        """``limits``: what callers may hold (default: ``ServerLimits.from_env()``)."""
         if not 0 <= index < num_servers:
             raise ValueError(f"server index {index} is not in [0, {num_servers})")
         if not token:
             raise ValueError("a parameter server needs a non-empty token")
         self.index, self.num_servers, self._token = index, num_servers, token
         self.max_bytes = max_bytes or max_message_bytes()
+        self.limits = limits or ServerLimits.from_env()
         self.state = ServerState(index, num_servers)
         self.boot = secrets.token_hex(8)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
@@ -86,12 +99,25 @@ class Server:
                 index,
                 endpoint,
             )
+        self._methods: dict[str, Callable[[Message, float], Message | bytes]] = {
+            m: getattr(self, f"_do_{m}") for m in METHODS
+        }
+        self._alarms = guard.Alarms()
+        self.gate = guard.TokenGate(
+            token,
+            f"parameter server {index}: wrong or missing job token "
+            f"(set {auth.TOKEN_ENV} or {auth.TOKEN_FILE_ENV} to the job's)",
+            f"parameter server {index}",
+        )
         handlers = {m: self._handler(m) for m in METHODS}
+        # one worker per admitted call: a call never queues behind calls that wait (sync
+        # steps, barriers), and a refused one is answered at once
         self._grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="lb-ps"),
+            futures.ThreadPoolExecutor(self.limits.max_calls, thread_name_prefix="lb-ps"),
             handlers=[grpc.method_handlers_generic_handler(SERVICE, handlers)],
-            options=channel_options(self.max_bytes),
-            maximum_concurrent_rpcs=max_workers * 2,
+            interceptors=[self.gate],
+            options=self.limits.grpc_options(self.max_bytes),
+            maximum_concurrent_rpcs=self.limits.max_calls,
         )
         port = self._grpc.add_insecure_port(endpoint)
         if port == 0:
@@ -107,39 +133,54 @@ class Server:
 
     def stop(self, grace: float | None = 0) -> None:
         self._grpc.stop(grace).wait(10)
+        self._alarms.close()
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
 
     # ---- request plumbing ---------------------------------------------------------------
     def _handler(self, method: str) -> grpc.RpcMethodHandler:
-        fn: Callable[[Message, float], Message | bytes] = getattr(self, f"_do_{method}")
+        """A request-streaming handler (callers send one message): the wait for the body is
+        bounded by ``limits.body_timeout_s``."""
 
-        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
-            if not auth.check(context.invocation_metadata(), self._token):
-                context.abort(
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    f"parameter server {self.index}: wrong or missing job token "
-                    f"(set {auth.TOKEN_ENV} or {auth.TOKEN_FILE_ENV} to the job's)",
-                )
-            try:
-                msg = wire.decode(request, self.max_bytes)
-            except WireError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {exc}")
+        def handle(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+            frame = guard.first_message(requests, context, self._alarms, self.limits.body_timeout_s)
             remaining = context.time_remaining()
             wait = min(MAX_WAIT_S, remaining if remaining is not None else MAX_WAIT_S)
             try:
-                reply = fn(msg, time.monotonic() + wait)
-                return reply if isinstance(reply, bytes) else wire.encode(reply)
-            except StaleStep as exc:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            except (RequestError, WireError, KeyError, TypeError, ValueError) as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
-            except TimeoutError as exc:
-                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+                return self.answer(method, frame, time.monotonic() + wait)
+            except CallError as exc:
+                context.abort(exc.code, exc.details)
             raise AssertionError("unreachable")
 
-        return grpc.unary_unary_rpc_method_handler(handle)
+        return grpc.stream_unary_rpc_method_handler(handle)
+
+    def answer(self, method: str, frame: bytes | None, deadline: float) -> bytes:
+        """The reply frame to ``frame``, or ``CallError`` with the status for the caller: a
+        malformed or wrong request is INVALID_ARGUMENT naming the problem."""
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        if frame is None:
+            raise CallError(invalid, f"{method}: the call carried no request message")
+        try:
+            msg = wire.decode(frame, self.max_bytes)
+        except WireError as exc:
+            raise CallError(invalid, f"{method}: malformed frame: {exc}") from None
+        try:
+            reply = self._methods[method](msg, deadline)
+            return reply if isinstance(reply, bytes) else wire.encode(reply)
+        except StaleStep as exc:
+            raise CallError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+        except (RequestError, WireError, KeyError, TypeError, ValueError) as exc:
+            raise CallError(invalid, f"{method}: {type(exc).__name__}: {exc}") from None
+        except TimeoutError as exc:
+            raise CallError(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
+        except Exception as exc:
+            log.exception("server %d: %s failed", self.index, method)
+            raise CallError(
+                grpc.StatusCode.INTERNAL,
+                f"parameter server {self.index} failed {method}: {type(exc).__name__}: {exc} "
+                "(a longboat bug; the server's log has the traceback)",
+            ) from None
 
     # ---- methods --------------------------------------------------------------------------
     def _do_init(self, msg: Message, deadline: float) -> Message:
@@ -157,9 +198,15 @@ class Server:
     def _do_configure(self, msg: Message, deadline: float) -> Message:
         return self.state.configure(msg)
 
+    def _do_hello(self, msg: Message, deadline: float) -> Message:
+        """A connecting trainer's settings: see ``longboat.ps.settings``."""
+        return self.state.hello(
+            msg, {"wire_version": wire.VERSION, "max_message_bytes": self.max_bytes}
+        )
+
     def _do_stop(self, msg: Message, deadline: float) -> Message:
         """A trainer is done; once all are, ``finished`` is set and ``run_server`` returns."""
-        trainer = int(msg.meta.get("trainer", 0))
+        trainer = meta_int(msg.meta, "trainer", 0)
         with self.state.cond:
             if not 0 <= trainer < max(self.state.trainers, 1):
                 raise RequestError(f"trainer {trainer} is out of range ({self.state.trainers})")
@@ -192,16 +239,22 @@ class Server:
         """Barrier of all trainers, then reload the checkpoint at ``step`` once."""
         if self.checkpoint_dir is None:
             raise RequestError(f"server {self.index} has no checkpoint directory to restore from")
-        trainer, step, gen = (int(msg.meta.get(k, 0)) for k in ("trainer", "step", "generation"))
+        trainer, step, gen = (meta_int(msg.meta, k, 0) for k in ("trainer", "step", "generation"))
         key = (gen, step)
         with self.state.cond:
+            if not 0 <= trainer < max(self.state.trainers, 1):
+                raise RequestError(f"trainer {trainer} is out of range ({self.state.trainers})")
             self._restores.setdefault(key, set()).add(trainer)
             if (
                 len(self._restores[key]) >= max(self.state.trainers, 1)
                 and key not in self._restored
             ):
-                saved = checkpoint.load(self.checkpoint_dir, self.index, step)
-                assert saved is not None
+                try:
+                    saved = checkpoint.load(self.checkpoint_dir, self.index, step)
+                except FileNotFoundError as exc:
+                    raise RequestError(str(exc)) from None
+                if saved is None:
+                    raise RequestError(f"server {self.index} has no checkpoint to restore")
                 self.state.load_state_dict(saved)
                 self._restored.add(key)
                 log.info("server %d rolled back to step %d", self.index, step)

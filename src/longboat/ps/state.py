@@ -28,6 +28,7 @@ from longboat.ps.wire import Message
 
 UPDATES = ("optimizer", "sum", "delta", "assign")
 REDUCES = ("mean", "sum")
+SCOPES = ("engine", "kv")  # who says hello: lb.ps.distribute's engine, or a KVClient
 
 
 class RequestError(ValueError):
@@ -80,13 +81,34 @@ class ServerState:
         self.trainers = 0
         self.digest = ""
         self.barriers: dict[tuple[str, int], set[int]] = {}
+        self.settings: dict[str, dict[str, Any]] = {}  # scope -> {"set_by", "settings"}
         self.on_version: Callable[[int], None] | None = None  # periodic checkpoints
+
+    # ---- hello ----------------------------------------------------------------------------
+    def hello(self, msg: Message, own: dict[str, Any]) -> Message:
+        """Keep the first trainer's ``settings`` of its ``scope``; reply with the kept ones,
+        overlaid with this server's ``own`` (and its index, server count, trainer count): the
+        trainer compares them with its own (``longboat.ps.settings``)."""
+        scope, trainer = msg.meta.get("scope"), meta_int(msg.meta, "trainer", 0)
+        settings = msg.meta.get("settings")
+        if scope not in SCOPES or not isinstance(settings, dict):
+            raise RequestError(f"hello needs 'scope' (one of {SCOPES}) and a 'settings' object")
+        with self.cond:
+            kept = self.settings.setdefault(scope, {"set_by": trainer, "settings": settings})
+            reply = {**kept["settings"], **own}
+            reply |= {"server_index": self.index, "num_servers": self.num_servers}
+            if self.trainers and "trainers" in reply:
+                reply["trainers"] = self.trainers
+        return Message({"settings": reply, "set_by": kept["set_by"]})
 
     # ---- init ---------------------------------------------------------------------------
     def init(self, msg: Message) -> Message:
-        """Create blocks and tables (idempotent: a restored server keeps its values)."""
+        """Create blocks and tables (idempotent: a restored server keeps its values). Every
+        spec is checked before any is applied: a refused init changes nothing."""
         meta = msg.meta
-        trainers = _int(meta, "trainers", 1)
+        trainers = meta_int(meta, "trainers", 1)
+        if trainers < 1:
+            raise RequestError(f"'trainers' must be at least 1, got {trainers}")
         sync = bool(meta.get("sync", False))
         digest = str(meta.get("digest", ""))
         with self.cond:
@@ -96,32 +118,41 @@ class ServerState:
                     f"the plan {self.digest} the servers were initialised with; every trainer "
                     "must build the same model (same parameter names and shapes)"
                 )
+            blocks: dict[str, DenseBlock] = {}
+            for spec in meta_list(meta, "blocks"):
+                key, block = self._init_block(spec, msg.tensors, sync)
+                if block is not None:
+                    blocks.setdefault(key, block)
+            tables: dict[str, Table] = {}
+            for spec in meta_list(meta, "tables"):
+                name, table = self._init_table(spec, sync)
+                if table is not None:
+                    tables.setdefault(name, table)
             self.digest = self.digest or digest
             self.trainers = self.trainers or trainers
-            for spec in _list(meta, "blocks"):
-                self._init_block(spec, msg.tensors, sync)
-            for spec in _list(meta, "tables"):
-                self._init_table(spec, sync)
+            self.blocks.update(blocks)
+            self.tables.update(tables)
             self.cond.notify_all()
             versions = [b.version for b in self.blocks.values()]
             return Message({"version": min(versions) if versions else 0})
 
-    def _init_block(self, spec: Any, tensors: dict[str, torch.Tensor], sync: bool) -> None:
+    def _init_block(
+        self, spec: Any, tensors: dict[str, torch.Tensor], sync: bool
+    ) -> tuple[str, DenseBlock | None]:
+        """The block ``spec`` creates (None: it exists, or another trainer brings its value)."""
         if not isinstance(spec, dict) or not isinstance(spec.get("key"), str):
             raise RequestError("each block spec needs a string 'key'")
         key = spec["key"]
-        if key in self.blocks:
-            return
         value = tensors.get(key)
-        if value is None:
-            return  # another trainer brings the value
-        self.blocks[key] = _make_block(key, spec, value.clone(), sync)
+        if key in self.blocks or value is None:
+            return key, None
+        return key, _make_block(key, spec, value.clone(), sync)
 
     def configure(self, msg: Message) -> Message:
         """Change the update rule (and optimizer) of existing blocks: a fresh optimizer state,
         the value kept. Refused for a block with pushes of a half-finished sync step."""
         with self.cond:
-            specs = _list(msg.meta, "blocks")
+            specs = meta_list(msg.meta, "blocks")
             for spec in specs:
                 key = spec.get("key") if isinstance(spec, dict) else None
                 block = self.blocks.get(key) if isinstance(key, str) else None
@@ -133,45 +164,58 @@ class ServerState:
                         f"trainers {sorted(block.pending)} waiting for the others; change the "
                         "optimizer between steps"
                     )
+            new = {}
             for spec in specs:
                 old = self.blocks[spec["key"]]
-                new = _make_block(spec["key"], spec, old.value, old.sync)
-                new.version = old.version
-                self.blocks[spec["key"]] = new
+                new[spec["key"]] = _make_block(spec["key"], spec, old.value, old.sync)
+                new[spec["key"]].version = old.version
+            self.blocks.update(new)  # all or none
             self.cond.notify_all()
         return Message({"configured": len(specs)})
 
-    def _init_table(self, spec: Any, sync: bool) -> None:
+    def _init_table(self, spec: Any, sync: bool) -> tuple[str, Table | None]:
+        """The table ``spec`` creates (None: it exists)."""
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise RequestError("each table spec needs a string 'name'")
         name = spec["name"]
         if name in self.tables:
-            return
-        rows, dim = _int(spec, "rows", 0), _int(spec, "dim", 0)
-        dtype = _DTYPES.get(spec.get("dtype", "float32"))
+            return name, None
+        rows, dim = meta_int(spec, "rows", 0), meta_int(spec, "dim", 0)
+        dtype_name = spec.get("dtype", "float32")
+        dtype = _DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
         if rows < 1 or dim < 1 or dtype is None:
             raise RequestError(f"table {name!r}: need rows >= 1, dim >= 1 and a float dtype")
         local = len(range(self.index, rows, self.num_servers))
-        states = len(optim.ROW_STATES.get(str(spec.get("optimizer")), ())) + 1
+        opt_name = spec.get("optimizer")
+        if not isinstance(opt_name, str):
+            raise RequestError(f"table {name!r}: 'optimizer' must be a string, got {opt_name!r}")
+        states = len(optim.ROW_STATES.get(opt_name, ())) + 1
         if local * dim * dtype.itemsize * states > self.max_table_bytes:
             raise RequestError(f"table {name!r} needs more than {self.max_table_bytes} bytes here")
-        ids = torch.arange(self.index, rows, self.num_servers)
-        seed, scale = _int(spec, "seed", 0), float(spec.get("scale", 0.01))
+        seed, scale = meta_int(spec, "seed", 0), spec.get("scale", 0.01)
+        if not 0 <= seed < 1 << 63:
+            raise RequestError(f"table {name!r}: 'seed' must be in [0, 2**63), got {seed}")
+        if not isinstance(scale, int | float) or not math.isfinite(scale):
+            raise RequestError(f"table {name!r}: 'scale' must be a finite number, got {scale!r}")
         try:
-            h = optim.check_hparams(str(spec.get("optimizer")), spec.get("hparams") or {})
-            state = optim.row_state(str(spec.get("optimizer")), h, (local, dim), dtype)
+            h = optim.check_hparams(opt_name, spec.get("hparams") or {})
+            state = optim.row_state(opt_name, h, (local, dim), dtype)
         except (ValueError, TypeError) as exc:
             raise RequestError(f"table {name!r}: {exc}") from None
-        weight = initial_rows(ids, dim, seed, scale, dtype)
-        self.tables[name] = Table(weight, str(spec["optimizer"]), h, sync, state, dict(spec))
+        ids = torch.arange(self.index, rows, self.num_servers)
+        weight = initial_rows(ids, dim, seed, float(scale), dtype)
+        return name, Table(weight, opt_name, h, sync, state, dict(spec))
 
     # ---- push -----------------------------------------------------------------------------
     def push(self, msg: Message) -> Message:
         """Apply (or, in sync jobs, collect) gradients for blocks and table rows."""
-        trainer, step = _int(msg.meta, "trainer", 0), _int(msg.meta, "step", -1)
+        trainer, step = meta_int(msg.meta, "trainer", 0), meta_int(msg.meta, "step", -1)
         lrs = msg.meta.get("lrs") or []
-        if not isinstance(lrs, list):
-            raise RequestError("'lrs' must list the learning rate of each parameter group")
+        if not isinstance(lrs, list) or not all(
+            isinstance(lr, int | float) and not isinstance(lr, bool) and math.isfinite(lr)
+            for lr in lrs
+        ):
+            raise RequestError("'lrs' must list the learning rate (a number) of each param group")
         with self.cond:
             if not 0 <= trainer < max(self.trainers, 1):
                 raise RequestError(f"trainer {trainer} is out of range (job has {self.trainers})")
@@ -258,7 +302,7 @@ class ServerState:
         with torch.no_grad():
             if block.update == "optimizer":
                 assert block.opt is not None
-                if isinstance(lr, int | float) and math.isfinite(lr):
+                if lr is not None:
                     block.opt.param_groups[0]["lr"] = float(lr)
                 block.value.grad = grad
                 block.opt.step()
@@ -330,10 +374,12 @@ class ServerState:
         """The encoded values of the requested blocks and table rows, once they reach
         ``version`` (encoded under the lock: one copy, never a half-updated block)."""
         keys = msg.meta.get("keys") or []
-        version = _int(msg.meta, "version", 0)
+        version = meta_int(msg.meta, "version", 0)
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise RequestError("'keys' must be a list of block keys")
-        id_entries = {k.rpartition("@")[0]: t for k, t in msg.tensors.items()}
+        if any(not k.endswith("@ids") for k in msg.tensors):
+            raise RequestError("a pull carries only '<table>@ids' tensors (the rows it wants)")
+        id_entries = {k[: -len("@ids")]: t for k, t in msg.tensors.items()}
         with self.cond:
             for key in keys:
                 if key not in self.blocks:
@@ -356,12 +402,15 @@ class ServerState:
     def barrier(self, msg: Message, deadline: float) -> Message:
         """Return once all trainers reached barrier ``generation`` of the barrier ``name``
         (independent counters: the engine's, kv's and fleet's barriers never mix)."""
-        trainer, gen = _int(msg.meta, "trainer", 0), _int(msg.meta, "generation", 0)
+        trainer, gen = meta_int(msg.meta, "trainer", 0), meta_int(msg.meta, "generation", 0)
         name = msg.meta.get("name", "")
         if not isinstance(name, str):
             raise RequestError("barrier 'name' must be a string")
+        trainers = meta_int(msg.meta, "trainers", 0)
+        if trainers < 0:
+            raise RequestError(f"'trainers' must not be negative, got {trainers}")
         with self.cond:
-            self.trainers = self.trainers or _int(msg.meta, "trainers", 0)
+            self.trainers = self.trainers or trainers
             if not 0 <= trainer < max(self.trainers, 1):
                 raise RequestError(f"trainer {trainer} is out of range (job has {self.trainers})")
             self.barriers.setdefault((name, gen), set()).add(trainer)
@@ -388,17 +437,17 @@ class ServerState:
             if barrier is not None:
                 if not (isinstance(barrier, list) and len(barrier) == 2):
                     raise RequestError("'barrier' must be [name, generation]")
-                name, gen = str(barrier[0]), _int({"g": barrier[1]}, "g", 0)
+                name, gen = str(barrier[0]), meta_int({"g": barrier[1]}, "g", 0)
                 if any(n == name and g > gen for n, g in self.barriers):
                     return []  # that barrier is over
                 return sorted(everyone - self.barriers.get((name, gen), set()))
-            version = _int(meta, "version", 0)
+            version = meta_int(meta, "version", 0)
             lacking: set[int] = set()
-            for key in _list(meta, "keys"):
+            for key in meta_list(meta, "keys"):
                 block = self.blocks.get(key) if isinstance(key, str) else None
                 if block is not None and block.sync and block.version < version:
                     lacking |= everyone - set(block.pending)
-            for name in _list(meta, "tables"):
+            for name in meta_list(meta, "tables"):
                 table = self.tables.get(name) if isinstance(name, str) else None
                 if table is not None and table.sync and table.version < version:
                     lacking |= everyone - set(table.pending)
@@ -450,6 +499,7 @@ class ServerState:
                 "num_servers": self.num_servers,
                 "trainers": self.trainers,
                 "digest": self.digest,
+                "settings": json.dumps(self.settings),
                 "blocks": blocks,
                 "tables": tables,
             }
@@ -465,6 +515,7 @@ class ServerState:
             self.blocks.clear()
             self.tables.clear()
             self.trainers, self.digest = int(state["trainers"]), str(state["digest"])
+            self.settings = json.loads(state.get("settings", "{}"))
             for key, saved in state["blocks"].items():
                 cfg = json.loads(saved["config"])
                 block = DenseBlock(
@@ -513,26 +564,34 @@ def _make_block(key: str, spec: dict[str, Any], value: torch.Tensor, sync: bool)
     if reduce not in REDUCES:
         raise RequestError(f"block {key!r}: reduce must be one of {REDUCES}, got {reduce!r}")
     name = spec.get("optimizer") if update == "optimizer" else None
+    if update == "optimizer" and not (isinstance(name, str) and value.is_floating_point()):
+        raise RequestError(
+            f"block {key!r}: update 'optimizer' needs an optimizer name and a floating-point "
+            f"value, got {name!r} and {value.dtype}"
+        )
     hparams = spec.get("hparams") or {}
     if not isinstance(hparams, dict):
         raise RequestError(f"block {key!r}: hparams must be an object")
-    block = DenseBlock(value, update, sync, name, hparams, _int(spec, "group", 0), reduce=reduce)
+    group = meta_int(spec, "group", 0)
+    if group < 0:
+        raise RequestError(f"block {key!r}: 'group' must be >= 0, got {group}")
+    block = DenseBlock(value, update, sync, name, hparams, group, reduce=reduce)
     if name is not None:
         try:
             block.opt = optim.make_dense(name, [block.value], hparams)
-        except ValueError as exc:
-            raise RequestError(f"block {key!r}: {exc}") from None
+        except (ValueError, TypeError, IndexError, KeyError) as exc:  # torch's own checks too
+            raise RequestError(f"block {key!r}: {type(exc).__name__}: {exc}") from None
     return block
 
 
-def _int(meta: dict[str, Any], key: str, default: int) -> int:
+def meta_int(meta: dict[str, Any], key: str, default: int) -> int:
     value = meta.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool):
         raise RequestError(f"{key!r} must be an integer, got {value!r}")
     return value
 
 
-def _list(meta: dict[str, Any], key: str) -> list[Any]:
+def meta_list(meta: dict[str, Any], key: str) -> list[Any]:
     value = meta.get(key) or []
     if not isinstance(value, list):
         raise RequestError(f"{key!r} must be a list")

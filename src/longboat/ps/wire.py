@@ -118,8 +118,8 @@ def decode(frame: bytes, max_bytes: int | None = None) -> Message:
     pos += meta_len
     try:
         meta = json.loads(bytes(meta_raw)) if meta_len else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WireError(f"meta is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, huge numbers, deep nesting
+        raise WireError(f"meta is not valid JSON: {type(exc).__name__}: {exc}") from None
     if not isinstance(meta, dict):
         raise WireError(f"meta must be a JSON object, got {type(meta).__name__}")
     tensors: dict[str, torch.Tensor] = {}
@@ -158,11 +158,14 @@ def _take(view: memoryview, pos: int, size: int, what: str) -> memoryview:
 
 
 def _tensor(data: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    if len(data) == 0:
-        return torch.empty(shape, dtype=dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write to it
-        return torch.frombuffer(data, dtype=dtype).reshape(shape)
+    try:
+        if len(data) == 0:
+            return torch.empty(shape, dtype=dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write to it
+            return torch.frombuffer(data, dtype=dtype).reshape(shape)
+    except (RuntimeError, ValueError, OverflowError) as exc:  # e.g. sizes whose strides overflow
+        raise WireError(f"tensor of shape {shape} cannot be built: {exc}") from None
 
 
 _Item = TypeVar("_Item")

@@ -52,6 +52,10 @@ KNOWN_ENV_VARS: set[str] = {
     "LONGBOAT_PS_CHECKPOINT_DIR",
     "LONGBOAT_PS_CHECKPOINT_EVERY",
     "LONGBOAT_PS_MAX_MESSAGE_MB",
+    "LONGBOAT_PS_BODY_TIMEOUT",
+    "LONGBOAT_PS_MAX_CALLS",
+    "LONGBOAT_PS_MAX_CONNECTIONS",
+    "LONGBOAT_PS_MAX_STREAMS",
     "LONGBOAT_PS_TIMEOUT",
     "LONGBOAT_PS_TOKEN",
     "LONGBOAT_PS_TOKEN_FILE",
@@ -74,7 +78,7 @@ GROUP_KEYS: dict[str, Group] = {
     "execution_strategy": "ExecutionStrategy",
     "ExecutionStrategy": "ExecutionStrategy",
 }
-"""Nested keys (Fleet's and seed 003's spellings) that address a group of fields."""
+"""Nested keys (Fleet's spellings and the group names) that address a group of fields."""
 NESTED_KEY: dict[Group, str] = {
     "BuildStrategy": "build_strategy",
     "ExecutionStrategy": "execution_strategy",

@@ -37,7 +37,7 @@ VIRTUAL_PREFIXES = ("veth", "docker", "br-", "virbr", "cni", "flannel", "cali", 
 SHM_MIN_BYTES = 1 << 30
 NOFILE_MIN = 4096
 
-#: ``nvidia-smi topo -m`` link codes, fastest first (seed 001's explanation)
+#: ``nvidia-smi topo -m`` link codes, fastest first
 TOPO_MEANING = {
     "NV#": "NVLink, # bonded links: the fastest GPU-to-GPU path",
     "PIX": "at most one PCIe bridge between the two",
@@ -48,7 +48,7 @@ TOPO_MEANING = {
 }
 _TOPO_RANK = {"NV": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
 
-#: NCCL variables (seed 003's table and the usual companions) and what they do
+#: NCCL variables (the common ones and their companions) and what they do
 NCCL_MEANING = {
     "NCCL_SOCKET_IFNAME": "interfaces NCCL uses for sockets (prefix list; ^ excludes, = exact)",
     "NCCL_P2P_DISABLE": "1 disables direct GPU-to-GPU (P2P/NVLink) transfers",
@@ -520,6 +520,7 @@ def comm_checks(
     import torch.distributed as dist
 
     import longboat as lb
+    from longboat.comm.exchange import allgather_bytes
 
     lb.init()
     topo = lb.topology()
@@ -535,13 +536,12 @@ def comm_checks(
             if me in (a, b):
                 results[key] = _measure_pair(group, size_bytes, repeats, torch)
             dist.barrier()
-    gathered: list[Any] = [None] * lb.world_size()
-    dist.all_gather_object(gathered, results)
+    gathered = allgather_bytes(json.dumps(results).encode())  # JSON bytes: nothing unpickled
     if me != 0:
         return []
     merged: dict[str, dict[str, Any]] = {}
     for part in gathered:
-        merged.update(part or {})
+        merged.update(json.loads(part))
     return pair_checks(merged, size_bytes)
 
 
