@@ -187,7 +187,7 @@ class Server:
         return self.state.init(msg)
 
     def _do_push(self, msg: Message, deadline: float) -> Message:
-        return self.state.push(msg)
+        return self.state.push(msg, deadline)
 
     def _do_pull(self, msg: Message, deadline: float) -> bytes:
         return self.state.pull(msg, deadline)

@@ -207,8 +207,13 @@ class ServerState:
         return name, Table(weight, opt_name, h, sync, state, dict(spec))
 
     # ---- push -----------------------------------------------------------------------------
-    def push(self, msg: Message) -> Message:
-        """Apply (or, in sync jobs, collect) gradients for blocks and table rows."""
+    def push(self, msg: Message, deadline: float | None = None) -> Message:
+        """Apply (or, in sync jobs, collect) gradients for blocks and table rows.
+
+        A sync trainer one step ahead (it pushed step k, the others have not yet, and it now
+        pushes k + 1, as a KVStore worker pushing twice without a pull does) waits, until
+        ``deadline``, for step k to complete, as MXNet's servers hold such a push.
+        """
         trainer, step = meta_int(msg.meta, "trainer", 0), meta_int(msg.meta, "step", -1)
         lrs = msg.meta.get("lrs") or []
         if not isinstance(lrs, list) or not all(
@@ -224,6 +229,16 @@ class ServerState:
             for key, grad in dense.items():
                 self._check_dense(key, grad)
             tables = self._sparse_pushes(sparse)
+            if deadline is not None:
+                held = [self.blocks[k] for k in dense] + [self.tables[n] for n in tables]
+                self._wait(
+                    lambda: not any(
+                        h.sync and step == h.version + 1 and trainer in h.pending for h in held
+                    ),
+                    deadline,
+                    f"the other trainers' pushes of step {step - 1} (trainer {trainer} pushed "
+                    f"step {step})",
+                )
             for key, grad in dense.items():
                 block = self.blocks[key]
                 lr = lrs[block.group] if block.group < len(lrs) else None
