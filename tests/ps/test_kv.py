@@ -66,3 +66,19 @@ def test_configure_between_steps_only_and_reduce_survives_checkpoints() -> None:
     assert torch.equal(state.blocks["k"].value, torch.ones(3))  # 3 - 1.0 * (1 + 1)
     with pytest.raises(RequestError, match="no block"):
         state.configure(Message({"blocks": [{**sgd, "key": "nope"}]}))
+
+
+def test_sync_step_with_two_learning_rates_is_refused_naming_both() -> None:
+    """The connect-time check leaves the learning rate out (schedulers change it): every sync
+    push carries it, and a step whose trainers disagree is refused instead of applied."""
+    from longboat.ps.state import RequestError, ServerState
+    from longboat.ps.wire import Message
+
+    state = ServerState(0, 1)
+    sgd = {"key": "k", "update": "optimizer", "optimizer": "sgd", "hparams": {"lr": 1.0}}
+    state.init(Message({"trainers": 2, "sync": True, "blocks": [sgd]}, {"k": torch.zeros(3)}))
+    state.push(Message({"trainer": 0, "step": 0, "lrs": [0.1]}, {"k": torch.ones(3)}))
+    with pytest.raises(RequestError, match="trainer 1 pushed with learning rate 0.2, trainer 0"):
+        state.push(Message({"trainer": 1, "step": 0, "lrs": [0.2]}, {"k": torch.ones(3)}))
+    state.push(Message({"trainer": 1, "step": 0, "lrs": [0.1]}, {"k": torch.ones(3)}))
+    assert torch.allclose(state.blocks["k"].value, torch.full((3,), -0.1))  # 0 - 0.1 * mean

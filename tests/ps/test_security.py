@@ -51,12 +51,17 @@ def running(n: int = 1, **settings: Any) -> Iterator[tuple[list[Server], str]]:
 
 
 def _trainer(
-    eps: list[str], token: str, rank: int, lr: float = 0.05, model: Any = None, **fields: Any
+    eps: list[str],
+    token: str,
+    rank: int,
+    momentum: float = 0.9,
+    model: Any = None,
+    **fields: Any,
 ) -> Any:
-    """Sync trainer ``rank`` of 2 (MixedNet, momentum SGD as the reference's, ``lr``); its
-    PSModel. ``fields`` change the Strategy."""
+    """Sync trainer ``rank`` of 2 (MixedNet, momentum SGD as the reference's, ``momentum``);
+    its PSModel. ``fields`` change the Strategy."""
     model = W.build_model(W.Config(), seed=0) if model is None else model
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
     strategy = lb.Strategy(mode="ps", **({"a_sync": False} | fields))
     where = {"servers": eps, "trainer": rank, "trainers": 2, "token": token}
     m, _ = lb.ps.distribute(model, opt, strategy, timeout=60, **where)
@@ -341,20 +346,24 @@ def _said_hello(servers: list[Server], scope: str, trainer: Future[Any]) -> None
         time.sleep(0.01)
 
 
-def test_second_trainer_with_another_learning_rate_is_refused_naming_the_field() -> None:
+def test_second_trainer_with_another_momentum_is_refused_naming_the_field() -> None:
     with ThreadPoolExecutor(1) as pool, running(2) as (servers, token):  # servers stop first
         eps = [s.endpoint for s in servers]
         model = W.build_model(W.Config(), seed=0)  # the global RNG: not in a thread
         first = pool.submit(_trainer, eps, token, 0, model=model)  # waits for trainer 1
         _said_hello(servers, "engine", first)
         with pytest.raises(SettingsMismatch) as info:
-            _trainer(eps, token, 1, lr=0.1)
+            _trainer(eps, token, 1, momentum=0.5)
         second = _trainer(eps, token, 1)  # the fix lets the job start
         trainers = [first.result(), second]
         for m in trainers:
             m.engine.close()
     err = info.value
-    assert (err.field, err.trainer_value, err.server_value) == ("param_groups[0].lr", 0.1, 0.05)
+    assert (err.field, err.trainer_value, err.server_value) == (
+        "param_groups[0].momentum",
+        0.5,
+        0.9,
+    )
     assert "trainer 1 does not agree with parameter server 0" in str(err)
     assert "kept from trainer 0, the first to connect" in str(err)
     assert "Fix: give every trainer's optimizer the same param groups" in str(err)

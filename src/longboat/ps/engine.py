@@ -80,6 +80,10 @@ class PSConfig:
         return replace(cfg, **overrides)
 
 
+# param-group keys that learning-rate schedulers change while training
+_SCHEDULED = ("lr", "initial_lr")
+
+
 def _plain_groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     """The JSON-able hyper-parameters of every param group (numbers, flags, names)."""
     out = []
@@ -211,6 +215,9 @@ class PSEngine:
             opt_name, groups = self._opt_name, self._groups
         else:  # the trainers run it: the servers do not, but the other trainers must match
             opt_name, groups = type(self.optimizer).__name__, _plain_groups(self.optimizer)
+        # every push carries the learning rates, so a scheduler may change them, also between
+        # a checkpoint and the restart from it: they are not compared
+        groups = [{k: v for k, v in g.items() if k not in _SCHEDULED} for g in groups]
         return {
             "trainers": self.trainers,
             "mode": self.cfg.mode,

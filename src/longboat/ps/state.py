@@ -51,6 +51,7 @@ class DenseBlock:
     version: int = 0
     pending: dict[int, torch.Tensor] = field(default_factory=dict)
     reduce: str = "mean"  # how one step's pushes of all trainers combine (sync), or scale (async)
+    round_lr: tuple[int, Any] | None = None  # (trainer, learning rate) of this step's first push
 
 
 @dataclass
@@ -304,8 +305,17 @@ class ServerState:
             )
         if trainer in block.pending:
             raise RequestError(f"trainer {trainer} pushed block {key!r} twice in step {step}")
+        if block.round_lr is not None and block.round_lr[1] != lr:
+            first, first_lr = block.round_lr
+            raise RequestError(
+                f"block {key!r} step {step}: trainer {trainer} pushed with learning rate {lr}, "
+                f"trainer {first} with {first_lr}; every trainer must use the same learning "
+                "rate (the same optimizer settings and scheduler)"
+            )
+        block.round_lr = block.round_lr or (trainer, lr)
         block.pending[trainer] = grad.clone()
         if len(block.pending) == self.trainers:
+            block.round_lr = None
             total = block.pending[0]
             for t in range(1, self.trainers):
                 total = total + block.pending[t]
