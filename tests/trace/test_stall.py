@@ -148,14 +148,15 @@ def test_barrier_sync_bn_and_local_sgd_waits_are_named() -> None:
             current.append(w)
     barrier = stages["-- barrier done"]
     assert barrier and barrier[0].startswith("rank 0 has waited 1.")
-    assert "for the barrier (collective #3)" in barrier[0]  # after model check and broadcast
+    # after the settings check, the model check and the broadcast of lb.distribute
+    assert "for the barrier (collective #4)" in barrier[0]
     assert (
-        "Missing ranks: 1: [not at it yet; last collective: after #2 broadcast of parameters]"
+        "Missing ranks: 1: [not at it yet; last collective: after #3 broadcast of parameters]"
         in barrier[0]
     )
     bn = stages["-- forward done"]
-    assert bn and "for the sync BN statistics of bn1 (collective #4)" in bn[0]
-    assert "Missing ranks: 1: [not at it yet; last collective: after #3 barrier]" in bn[0]
+    assert bn and "for the sync BN statistics of bn1 (collective #5)" in bn[0]
+    assert "Missing ranks: 1: [not at it yet; last collective: after #4 barrier]" in bn[0]
     averaging = stages["-- step done"]
     assert averaging and "for the local SGD averaging of bucket 0 (collective #" in averaging[0]
     assert "sync BN gradient statistics of bn1" in averaging[0]  # rank 1's last one: backward
