@@ -1,4 +1,4 @@
-"""Training step time of each seed-003 method against torch DDP, same ranks, same run.
+"""Training step time of each Strategy training method against torch DDP, same ranks, same run.
 
     longboat emulate --nodes 2 --nproc-per-node 1 --bandwidth 1gbit -- \\
         benchmarks/methods_vs_ddp.py --rounds 5 --steps 5

@@ -1,4 +1,4 @@
-"""Seed 001's PyTorch ImageNet flow (pytorch/examples imagenet/main.py), on scikit-learn's digits.
+"""The PyTorch ImageNet flow (pytorch/examples imagenet/main.py), on scikit-learn's digits.
 
 The same steps as the original: arguments, process group, model wrapped for data parallelism,
 DistributedSampler + DataLoader, train / validate per epoch, checkpoint on rank 0. longboat

@@ -1,6 +1,6 @@
-"""Seed 001's Paddle Fleet collective example, in PyTorch on longboat.fleet.
+"""Paddle's Fleet collective example (the paddlepaddle.org.cn demo), in PyTorch on longboat.fleet.
 
-The four differences from single-process code that the seed marks (区别1-4) are marked here
+The four differences from single-process code that the original marks (区别1-4) are marked here
 too: the import, the strategy and role maker, the wrapped optimizer, and saving.
 
     longboat launch --nproc-per-node 2 examples/fleet_collective.py --steps 100
@@ -20,7 +20,7 @@ from longboat.fleet import DistributedStrategy, role_maker
 
 
 def mlp(hid_dim: int = 1280, label_dim: int = 2) -> nn.Module:
-    """The seed's network: two tanh layers and a softmax classifier (softmax in the loss)."""
+    """The original's network: two tanh layers and a softmax classifier (softmax in the loss)."""
     return nn.Sequential(
         nn.Linear(32, hid_dim),
         nn.Tanh(),
@@ -31,7 +31,7 @@ def mlp(hid_dim: int = 1280, label_dim: int = 2) -> nn.Module:
 
 
 def gen_data(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """The seed's random batch: 128 samples of 32 features, binary labels."""
+    """The original's random batch: 128 samples of 32 features, binary labels."""
     return {
         "x": rng.random(size=(128, 32)).astype("float32"),
         "y": rng.integers(2, size=(128, 1)).astype("int64"),
@@ -49,7 +49,7 @@ def main() -> None:
     dist_strategy = DistributedStrategy()
     role = role_maker.PaddleCloudRoleMaker(is_collective=True)
     fleet.init(role)
-    # the seed reads FLAGS_selected_gpus; fleet.init already pinned this rank's GPU
+    # the Paddle original reads FLAGS_selected_gpus; fleet.init already pinned this rank's GPU
     device = (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     )

@@ -1,4 +1,4 @@
-"""MXNet's KVStore flow (seed 001) in PyTorch: a digits classifier trained through
+"""MXNet's KVStore flow in PyTorch: a digits classifier trained through
 ``longboat.kvstore`` with gluon.Trainer's two server modes.
 
     longboat launch --servers 1 --workers 2 examples/kvstore_digits.py --kvstore dist_sync

@@ -23,8 +23,8 @@ def make(**fields: Any) -> Strategy:
     return Strategy(env={}, **fields)
 
 
-# Seed 003's three tables: field -> (group, default)
-SEED_TABLES: dict[str, tuple[str, Any]] = {
+# Paddle Fleet's three strategy tables: field -> (group, default)
+FLEET_TABLES: dict[str, tuple[str, Any]] = {
     "auto": ("DistributedStrategy", False),
     "a_sync": ("DistributedStrategy", True),
     "sync_nccl_allreduce": ("DistributedStrategy", True),
@@ -130,22 +130,22 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
 # ---- defaults and public names ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(SEED_TABLES))
-def test_seed_table_default_and_group(name: str) -> None:
-    group, default = SEED_TABLES[name]
+@pytest.mark.parametrize("name", sorted(FLEET_TABLES))
+def test_fleet_table_default_and_group(name: str) -> None:
+    group, default = FLEET_TABLES[name]
     value = getattr(make(), name)
     assert value == default
     assert type(value) is type(default) or isinstance(value, float)
     assert FIELDS[name].group == group
 
 
-def test_group_views_hold_exactly_the_seed_tables() -> None:
+def test_group_views_hold_exactly_the_fleet_tables() -> None:
     s = make()
     for group, view in (
         ("BuildStrategy", s.build_strategy),
         ("ExecutionStrategy", s.execution_strategy),
     ):
-        expected = {n: d for n, (g, d) in SEED_TABLES.items() if g == group}
+        expected = {n: d for n, (g, d) in FLEET_TABLES.items() if g == group}
         assert dict(view) == expected
 
 
@@ -160,7 +160,7 @@ def test_fleet_config_defaults(name: str) -> None:
 
 
 def test_every_field_is_tested_for_its_default() -> None:
-    assert set(FIELDS) == set(SEED_TABLES) | set(OTHER_DEFAULTS) | set(CONFIG_DEFAULTS)
+    assert set(FIELDS) == set(FLEET_TABLES) | set(OTHER_DEFAULTS) | set(CONFIG_DEFAULTS)
 
 
 def test_public_names() -> None:
@@ -357,7 +357,7 @@ def test_group_assignment_sets_fields_in_both_spellings() -> None:
     assert s.num_threads == 2
 
 
-def test_seed_example_key_from_other_group_names_its_group() -> None:
+def test_fleet_example_key_from_other_group_names_its_group() -> None:
     s = make()
     with pytest.raises(StrategyError) as info:
         s.BuildStrategy = {"num_iteration_per_drop_scope": 30}

@@ -8,11 +8,11 @@
     logger.close()
 
 ``loss.item()`` on a GPU waits for every kernel queued so far, so calling it each step removes
-the overlap of one step's tail with the next step's start (seed 003: "reduce the fetch
-frequency"). Here the detached loss tensors are kept and averaged with one ``.item()`` every
-``n`` steps. Rank 0 shows a rich progress bar (or logs a line when not on a terminal) and, when
-``tensorboard`` is given and TensorBoard is installed, writes ``loss`` and ``samples_per_s``.
-Values are this rank's: no collective is added.
+the overlap of one step's tail with the next step's start (Paddle's collective-training guide:
+"reduce the fetch frequency"). Here the detached loss tensors are kept and averaged with one
+``.item()`` every ``n`` steps. Rank 0 shows a rich progress bar (or logs a line when not on a
+terminal) and, when ``tensorboard`` is given and TensorBoard is installed, writes ``loss`` and
+``samples_per_s``. Values are this rank's: no collective is added.
 """
 
 from __future__ import annotations

@@ -89,14 +89,19 @@ def test_recorder_files_merge_and_cli(tmp_path: Path) -> None:
     assert path.exists() and {e["pid"] for e in events} == {0, 1}
     assert min(e["ts"] for e in events if "ts" in e) == 0
     merge([rank_path(path, 1)], tmp_path / "one.json")
+    assert_timeline_cli_works(path, tmp_path / "o.png")
+
+
+def assert_timeline_cli_works(trace: Path, picture: Path) -> None:
+    """``longboat timeline TRACE -o PICTURE`` succeeds, prints statistics, draws the picture."""
     out = subprocess.run(
-        [sys.executable, "-m", "longboat", "timeline", str(path), "-o", str(tmp_path / "o.png")],
+        [sys.executable, "-m", "longboat", "timeline", str(trace), "-o", str(picture)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert "hidden" in out.stdout and (tmp_path / "o.png").stat().st_size > 0
+    assert "hidden" in out.stdout and picture.stat().st_size > 0
 
 
 def test_cli_names_a_missing_trace(tmp_path: Path) -> None:

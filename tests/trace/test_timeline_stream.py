@@ -18,6 +18,7 @@ import pytest
 from longboat.trace import rank_stats
 from longboat.trace import recorder as recorder_mod
 from longboat.trace.recorder import Recorder, finished, load, rank_path, read_events
+from tests.trace.test_stats import assert_timeline_cli_works
 
 BUCKETS = 4
 EVENTS_PER_STEP = 5 + 2 * BUCKETS  # data, forward, backward, wait, optimizer + per bucket 2
@@ -134,14 +135,7 @@ def test_killed_rank_trace_loads_and_merges(tmp_path: Path, monkeypatch) -> None
     lanes = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {"compute", "comm0", "comm1", "optimizer", "data"} <= lanes
 
-    out = subprocess.run(
-        [sys.executable, "-m", "longboat", "timeline", str(path), "-o", str(tmp_path / "o.png")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "hidden" in out.stdout and (tmp_path / "o.png").stat().st_size > 0
+    assert_timeline_cli_works(path, tmp_path / "o.png")
 
 
 def test_unfinished_files_merge_on_demand(tmp_path: Path) -> None:

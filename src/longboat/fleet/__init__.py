@@ -1,4 +1,4 @@
-"""Paddle Fleet's API on longboat (seed 001's flow, in PyTorch).
+"""Paddle Fleet's API on longboat (Paddle's collective Fleet flow, in PyTorch).
 
     import longboat.fleet as fleet            # or: from longboat.fleet import fleet
 

@@ -5,7 +5,7 @@
                               kv, update_on_kvstore=True)
     loss.backward(); trainer.step(batch_size)
 
-The two server modes of seed 001: ``update_on_kvstore=True`` ships the optimizer to the store
+MXNet's two server modes: ``update_on_kvstore=True`` ships the optimizer to the store
 (servers sum the workers' gradients *and* update the weights; workers pull weights);
 ``False`` lets the servers only sum gradients, which every worker pulls and applies with its own
 optimizer (same gradient, same optimizer: the replicas stay equal).

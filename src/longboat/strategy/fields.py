@@ -1,7 +1,8 @@
 """The Strategy's field table and conflict table: adding a field is one ``FieldSpec`` here.
 
-Field names, defaults and groups follow PaddlePaddle Fleet's ``DistributedStrategy`` (seed 003's
-three tables: DistributedStrategy, BuildStrategy, ExecutionStrategy) and its ``*_configs`` dicts.
+Field names, defaults and groups follow PaddlePaddle Fleet's ``DistributedStrategy`` (the
+DistributedStrategy, BuildStrategy and ExecutionStrategy tables of Paddle's collective-training
+guide) and its ``*_configs`` dicts.
 """
 
 from __future__ import annotations

@@ -50,9 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--method",
         default="baseline",
         choices=_method_names(),
-        help="training method (a Strategy from seed 003's optimisations; default baseline). "
-        "Only baseline is checked against single-process training; the others report accuracy "
-        "and gradient bytes per step (compare them with benchmarks/compression_accuracy.py)",
+        help="training method (a Strategy with one communication or precision optimisation on; "
+        "default baseline). Only baseline is checked against single-process training; the others "
+        "report accuracy and gradient bytes per step (compare them with "
+        "benchmarks/compression_accuracy.py)",
     )
     parser.add_argument(
         "--no-check",

@@ -1,4 +1,4 @@
-"""The demo's training methods: one Strategy per optimisation of seed 003, by name.
+"""The demo's training methods: one Strategy per optimisation (compression, local SGD, AMP).
 
 ``longboat demo --method NAME`` trains the demo task with one of them, and
 ``benchmarks/compression_accuracy.py`` compares all of them with ``baseline`` (accuracy and

@@ -1,4 +1,4 @@
-"""hierarchical: seed 003's two-level allreduce (``use_hierarchical_allreduce``).
+"""hierarchical: Paddle Fleet's two-level allreduce (``use_hierarchical_allreduce``).
 
 With L ranks on each of M nodes and a flat tensor of ``numel`` elements cut into L shards
 (shard i = ``[i·c, (i+1)·c)`` clipped to ``numel``, c = ceil(numel / L)):

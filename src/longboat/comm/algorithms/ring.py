@@ -1,4 +1,4 @@
-"""ring: seed 002's ring allreduce, built from point-to-point messages.
+"""ring: the classic ring allreduce, built from point-to-point messages.
 
 The tensor is split into N chunks (N = ranks in the group; chunk c has ``numel // N`` elements,
 plus one for the first ``numel % N`` chunks). In 2·(N−1) steps every rank sends one chunk to its
