@@ -139,7 +139,7 @@ def test_doctor_flags_veth_and_a_taken_port_in_a_namespace(namespace: str) -> No
         taken = checks["master port"]
         assert taken["status"] == "FAIL"
         assert f"port {port} is in use by python" in taken["detail"]
-        assert f"pid {holder.pid}" in taken["detail"] and "--master-port" in taken["fix"]
+        assert f"pid {holder.pid}" in taken["detail"] and "--master HOST:PORT" in taken["fix"]
     finally:
         holder.kill()
         holder.wait(10)

@@ -65,6 +65,53 @@ NCCL_MEANING = {
 }
 _SLOWING = {"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
 
+#: every fix the doctor can print, by key; ``{field}``s are filled in by the check
+FIXES: dict[str, str] = {
+    "torch without distributed": (
+        "install a torch build with distributed support (the pip wheels have it)"
+    ),
+    "no gloo": "install the official torch wheel (it includes Gloo)",
+    "no nccl": "install a CUDA build of torch with NCCL",
+    "slow gpu pairs": (
+        "keep each job's GPUs on one NUMA node (CUDA_VISIBLE_DEVICES) or expect "
+        "intra-node allreduce limited by the CPU interconnect"
+    ),
+    "socket ifname": "export GLOO_SOCKET_IFNAME={interface} NCCL_SOCKET_IFNAME={interface}",
+    "no interface": "bring up a physical interface with an IPv4 address",
+    "hostname unresolved": "add '<this node's IP> {host}' to /etc/hosts",
+    "hostname loopback": (
+        "map {host} to this node's real IP in /etc/hosts, or give longboat launch "
+        "--master IP:PORT (an address, not a name) and set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME"
+    ),
+    "port taken": (
+        "pick a free port for longboat launch --master HOST:PORT (check it with "
+        "longboat doctor --port PORT) or stop {holder}"
+    ),
+    "no shm": "mount a tmpfs on /dev/shm (docker: --shm-size=8g or --ipc=host)",
+    "small shm": "docker run --shm-size=8g (or --ipc=host)",
+    "open files": "ulimit -n {limit}",
+    "omp threads": (
+        "export OMP_NUM_THREADS={threads} (longboat launch sets cores // ranks per node "
+        "when it is unset)"
+    ),
+    "slowing nccl": "unset {var} unless this is a deliberate workaround",
+    "check crashed": "a bug in longboat: report it with this output",
+    "unreachable pair": "check routes/firewall between them and GLOO/NCCL_SOCKET_IFNAME",
+    "slow pair": (
+        "check this link's NIC speed, cabling and interface choice (NCCL_DEBUG=INFO shows it)"
+    ),
+    "slow node": "inspect that node's network first",
+    "comm outside launcher": (
+        "longboat doctor --comm runs on every rank: start it with "
+        "`longboat launch --nproc-per-node N [--nnodes M ...] -m longboat.doctor --comm`"
+    ),
+}
+
+
+def fix_text(key: str, **fields: object) -> str:
+    """The fix ``key`` of :data:`FIXES` with its fields filled in."""
+    return FIXES[key].format(**fields)
+
 
 @dataclass
 class Check:
@@ -90,7 +137,7 @@ def check_torch() -> list[Check]:
                 "torch",
                 FAIL,
                 f"torch {torch.__version__} built without torch.distributed",
-                "install a torch build with distributed support (the pip wheels have it)",
+                fix_text("torch without distributed"),
             )
         ]
     backends = {b: dist.is_backend_available(b) for b in ("gloo", "nccl", "mpi")}
@@ -102,7 +149,7 @@ def check_torch() -> list[Check]:
                 "backend gloo",
                 FAIL,
                 "Gloo is not available: CPU training cannot run",
-                "install the official torch wheel (it includes Gloo)",
+                fix_text("no gloo"),
             )
         )
     if torch.cuda.is_available() and not backends["nccl"]:
@@ -111,7 +158,7 @@ def check_torch() -> list[Check]:
                 "backend nccl",
                 WARN,
                 "CUDA is present but NCCL is not: GPU gradients go through Gloo",
-                "install a CUDA build of torch with NCCL",
+                fix_text("no nccl"),
             )
         )
     return checks
@@ -201,8 +248,7 @@ def topology_check(topo: GpuTopology) -> Check:
             f"GPU pairs: {seen} ({meaning}); slow pairs: "
             + ", ".join(slow[:6])
             + (" ..." if len(slow) > 6 else ""),
-            "keep each job's GPUs on one NUMA node (CUDA_VISIBLE_DEVICES) or expect "
-            "intra-node allreduce limited by the CPU interconnect",
+            fix_text("slow gpu pairs"),
             data,
         )
     return Check("gpu topology", PASS, f"GPU pairs: {seen} ({meaning})", data=data)
@@ -267,11 +313,7 @@ def check_interfaces(interfaces: Sequence[Interface], env: Mapping[str, str]) ->
         "interfaces": [asdict(i) | {"virtual": i.virtual} for i in interfaces],
         "recommended": best,
     }
-    fix = (
-        f"export GLOO_SOCKET_IFNAME={best} NCCL_SOCKET_IFNAME={best}"
-        if best
-        else ("bring up a physical interface with an IPv4 address")
-    )
+    fix = fix_text("socket ifname", interface=best) if best else fix_text("no interface")
     checks: list[Check] = []
     set_vars = {v: env[v] for v in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if env.get(v)}
     for var, value in set_vars.items():
@@ -333,7 +375,7 @@ def check_hostname(multi_node: bool) -> Check:
             "hostname",
             WARN,
             f"{host!r} does not resolve ({exc})",
-            f"add '<this node's IP> {host}' to /etc/hosts",
+            fix_text("hostname unresolved", host=host),
         )
     if address.startswith("127."):
         return Check(
@@ -341,8 +383,7 @@ def check_hostname(multi_node: bool) -> Check:
             FAIL if multi_node else WARN,
             f"{host!r} resolves to {address} (loopback): across nodes, peers told to "
             "connect to this name reach themselves and the job hangs",
-            f"map {host} to this node's real IP in /etc/hosts, or set MASTER_ADDR to an "
-            "IP and GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME",
+            fix_text("hostname loopback", host=host),
         )
     return Check("hostname", PASS, f"{host!r} resolves to {address}")
 
@@ -360,8 +401,7 @@ def check_port(port: int, under_launcher: bool) -> Check:
         "master port",
         FAIL,
         f"port {port} is {who}",
-        f"pass another port (longboat launch --master-port / MASTER_PORT) or stop "
-        f"{holder or 'the process holding it'}",
+        fix_text("port taken", holder=holder or "the process holding it"),
         {"port": port, "holder": holder},
     )
 
@@ -377,7 +417,7 @@ def check_shm(path: str = "/dev/shm") -> Check:
             "/dev/shm",
             WARN,
             f"{path} unavailable ({exc})",
-            "mount a tmpfs on /dev/shm (docker: --shm-size=8g or --ipc=host)",
+            fix_text("no shm"),
         )
     size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
     detail = f"{path}: {size / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free"
@@ -386,7 +426,7 @@ def check_shm(path: str = "/dev/shm") -> Check:
             "/dev/shm",
             WARN,
             detail + ": DataLoader workers and the shm allreduce need more",
-            "docker run --shm-size=8g (or --ipc=host)",
+            fix_text("small shm"),
         )
     return Check("/dev/shm", PASS, detail)
 
@@ -400,7 +440,9 @@ def check_nofile() -> Check:
             WARN,
             detail + ": every rank holds sockets to every other "
             "rank per communicator, plus DataLoader files",
-            f"ulimit -n {min(65536, hard) if hard != resource.RLIM_INFINITY else 65536}",
+            fix_text(
+                "open files", limit=65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
+            ),
         )
     return Check("open files", PASS, detail)
 
@@ -411,7 +453,7 @@ def check_omp(env: Mapping[str, str], nproc: int) -> Check:
     )
     share = max(1, cores // nproc)
     value = env.get("OMP_NUM_THREADS")
-    fix = f"export OMP_NUM_THREADS={share} (longboat launch sets cores // ranks per node)"
+    fix = fix_text("omp threads", threads=share)
     if value is None:
         return Check(
             "OMP_NUM_THREADS",
@@ -443,7 +485,7 @@ def check_nccl_env(env: Mapping[str, str]) -> list[Check]:
                     var,
                     WARN,
                     f"{var}={env[var]}: {meaning}",
-                    f"unset {var} unless this is a deliberate workaround",
+                    fix_text("slowing nccl", var=var),
                 )
             )
         elif var != "NCCL_SOCKET_IFNAME":  # checked against the interfaces above
@@ -498,7 +540,7 @@ def local_checks(
                 name,
                 WARN,
                 f"the check itself failed: {type(exc).__name__}: {exc}",
-                "report this as a longboat bug",
+                fix_text("check crashed"),
             )
         checks += result if isinstance(result, list) else [result]
     return checks
@@ -577,7 +619,7 @@ def pair_checks(pairs: Mapping[str, Mapping[str, Any]], size_bytes: int) -> list
                     f"link {key}",
                     FAIL,
                     f"unreachable: {p['error']}",
-                    "check routes/firewall between them and GLOO/NCCL_SOCKET_IFNAME",
+                    fix_text("unreachable pair"),
                     dict(p),
                 )
             )
@@ -593,8 +635,7 @@ def pair_checks(pairs: Mapping[str, Mapping[str, Any]], size_bytes: int) -> list
                     f"link {key}",
                     WARN,
                     f"{text}: below half the median {median:.2f} GB/s",
-                    "check this link's NIC speed, cabling "
-                    "and interface choice (NCCL_DEBUG=INFO shows it)",
+                    fix_text("slow pair"),
                     dict(p),
                 )
             )
@@ -608,7 +649,7 @@ def pair_checks(pairs: Mapping[str, Mapping[str, Any]], size_bytes: int) -> list
                     "slow node",
                     WARN,
                     f"{', '.join(sorted(common))} is in every slow pair",
-                    "inspect that node's network first",
+                    fix_text("slow node"),
                 )
             )
     return checks
@@ -672,10 +713,7 @@ def run(args: argparse.Namespace) -> int:
     checks = local_checks(args.port, args.nproc_per_node, multi)
     if args.comm:
         if "RANK" not in os.environ:
-            print(
-                "longboat doctor --comm runs on every rank: start it with "
-                "`longboat launch --nproc-per-node N [--nnodes M ...] -m longboat.doctor --comm`"
-            )
+            print(fix_text("comm outside launcher"))
             return 2
         pairs = comm_checks(args.comm_mb << 20)
         if int(os.environ["RANK"]) != 0:
