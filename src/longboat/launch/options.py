@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 from dataclasses import dataclass, field
 
@@ -43,8 +44,21 @@ class LaunchOptionError(ValueError):
     """A launch option is wrong; the message names it and the fix."""
 
 
+class _DashHelpFormatter(argparse.HelpFormatter):
+    """Help shows the dash spelling of an option; its underscore twin is accepted unlisted."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        names = action.option_strings
+        shown = [n for n in names if not ("_" in n and n.replace("_", "-") in names)]
+        if shown != names:
+            action = copy.copy(action)
+            action.option_strings = shown
+        return super()._format_action_invocation(action)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `longboat launch` (and `python -m longboat.launch`)."""
+    p.formatter_class = _DashHelpFormatter
     procs = p.add_argument_group("processes")
     procs.add_argument(
         "--nproc-per-node",
@@ -63,6 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     procs.add_argument(
         "-np",
         "--num-proc",
+        "--num_proc",
         dest="num_proc",
         type=int,
         default=None,
@@ -93,6 +108,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="parameter-server mode: trainer processes",
     )
     cluster = p.add_argument_group("cluster")
+    cluster.add_argument(
+        "--standalone",
+        action="store_true",
+        help="torchrun's one-node mode: 127.0.0.1 and a free port (the default on one node; "
+        "MASTER_ADDR/MASTER_PORT in the environment are then ignored)",
+    )
     cluster.add_argument("--nnodes", type=int, default=None, help="number of nodes (default 1)")
     cluster.add_argument(
         "--node-rank",
@@ -103,9 +124,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     cluster.add_argument(
         "--master",
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
         default=None,
         metavar="HOST:PORT",
-        help="rendezvous endpoint on node 0 (default 127.0.0.1 and a free port)",
+        help="rendezvous endpoint on node 0 (default: MASTER_ADDR and MASTER_PORT from the "
+        "environment, else 127.0.0.1 and a free port)",
+    )
+    cluster.add_argument(
+        "--master-addr",
+        "--master_addr",
+        default=None,
+        metavar="HOST",
+        help="torchrun's spelling of the HOST of --master",
+    )
+    cluster.add_argument(
+        "--master-port",
+        "--master_port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="torchrun's spelling of the PORT of --master",
     )
     cluster.add_argument(
         "--ips",
@@ -148,6 +187,11 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
             f"--nproc-per-node {a.nproc_per_node} disagrees with --gpus {a.devices} "
             f"({len(devices)} devices); give one of them"
         )
+    if a.nproc_per_node is not None and a.nproc_per_node < 1:
+        raise LaunchOptionError(
+            f"--nproc-per-node must be >= 1, got {a.nproc_per_node}; give the number of ranks "
+            "to start on this node, or leave it out for one per --gpus device (else 1)"
+        )
     nproc = a.nproc_per_node or len(devices) or 1
     if a.num_proc is not None or a.hosts is not None:
         nproc, host_ips = _horovodrun_hosts(a.num_proc, a.hosts, a.nproc_per_node)
@@ -165,11 +209,16 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
         raise LaunchOptionError(
             f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})"
         )
-    host, port = _master(a.master, ips)
+    if a.standalone and (nnodes > 1 or a.master or a.master_addr or a.master_port):
+        raise LaunchOptionError(
+            "--standalone runs one node on 127.0.0.1 and a free port; drop --standalone, or "
+            "drop --nnodes/--ips/--master/--master-addr/--master-port"
+        )
+    host, port = _endpoint(a, ips)
     if nnodes > 1 and host is None:
         raise LaunchOptionError(
             f"--nnodes {nnodes} needs the rendezvous endpoint on node 0: --master HOST:PORT "
-            "(or --ips h0,h1,... with --master :PORT for the port)"
+            "(or --master-addr and --master-port, or --ips h0,h1,... with --master :PORT)"
         )
     if nnodes > 1 and port is None:
         raise LaunchOptionError("multi-node launch needs an explicit port: --master HOST:PORT")
@@ -184,6 +233,7 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
     config = os.path.abspath(a.config) if a.config else None
     if config and not os.path.isfile(config):
         raise LaunchOptionError(f"--config {a.config}: no such file")
+    _check_strategy(config)
     if not a.module and not os.path.isfile(a.target):
         raise LaunchOptionError(f"{a.target}: no such script (use -m to run a module)")
     args = list(a.target_args)
@@ -268,3 +318,61 @@ def _master(master: str | None, ips: list[str]) -> tuple[str | None, int | None]
     if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise LaunchOptionError(f"--master {master!r}: expected HOST:PORT with a port in 1..65535")
     return (host or (ips[0] if ips else None)), int(port_text)
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port in 1..65535."""
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port in 1..65535, got {text!r}")
+    return int(text)
+
+
+def _endpoint(a: argparse.Namespace, ips: list[str]) -> tuple[str | None, int | None]:
+    """The rendezvous host and port: from --master (alias --rdzv-endpoint), else from
+    --master-addr/--master-port, else from MASTER_ADDR/MASTER_PORT (not with --standalone)."""
+    if a.master is not None and (a.master_addr is not None or a.master_port is not None):
+        raise LaunchOptionError(
+            "give the rendezvous endpoint once: --master HOST:PORT, or --master-addr and "
+            "--master-port"
+        )
+    host, port = _master(a.master, ips)
+    if a.master is None:
+        host = a.master_addr or host
+        port = a.master_port
+    if a.standalone:
+        return host, port
+    if host is None:
+        host = os.environ.get("MASTER_ADDR", "").strip() or None
+    if port is None and os.environ.get("MASTER_PORT", "").strip():
+        text = os.environ["MASTER_PORT"].strip()
+        try:
+            port = _port(text)
+        except argparse.ArgumentTypeError:
+            raise LaunchOptionError(
+                f"MASTER_PORT={text!r} in the environment is not a port in 1..65535; "
+                "fix or unset it, or pass --master-port"
+            ) from None
+    return host, port
+
+
+def _check_strategy(config: str | None) -> None:
+    """Run the ranks' Strategy checks here, so a typo stops the launch before any rank."""
+    from longboat.strategy import Strategy, StrategyError
+
+    try:
+        Strategy.load(config) if config else Strategy()
+    except StrategyError as exc:
+        raise LaunchOptionError(_one_line(str(exc))) from None
+
+
+def _one_line(message: str) -> str:
+    """``message`` on one line, without the source excerpts YAML errors quote."""
+    lines = [line.strip() for line in message.splitlines()]
+    kept = [
+        line.rstrip(":")
+        for i, line in enumerate(lines)
+        if line
+        and set(line) != {"^"}
+        and not (i + 1 < len(lines) and lines[i + 1] and set(lines[i + 1]) == {"^"})
+    ]
+    return "; ".join(kept)

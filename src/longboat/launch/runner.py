@@ -6,6 +6,7 @@ import argparse
 import os
 import socket
 import sys
+import time
 import uuid
 
 from rich.console import Console
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
 def launch(spec: LaunchSpec, console: Console) -> int:
     """Run ``spec`` on this node; 0 when every rank succeeded."""
+    started = time.monotonic()
     explicit = spec.master_port is not None
     host = spec.master_host or "127.0.0.1"
     if explicit and spec.node_rank == 0 and not is_free("", spec.master_port):
@@ -73,6 +75,7 @@ def launch(spec: LaunchSpec, console: Console) -> int:
                 run_agent(
                     _config(spec, master, run_id), sys.executable, _bootstrap_args(spec), on_restart
                 )
+                console.print(finished_line(spec, time.monotonic() - started), markup=False)
                 return 0
             except RendezvousConnectionError as exc:
                 if explicit or attempt == _PORT_ATTEMPTS:
@@ -87,6 +90,14 @@ def launch(spec: LaunchSpec, console: Console) -> int:
                 console.print(summary, markup=False, soft_wrap=True)
                 return 1
     return 1
+
+
+def finished_line(spec: LaunchSpec, seconds: float) -> str:
+    """The last line of a successful job: ranks, wall time and where the logs are."""
+    n = spec.local_procs
+    ranks = f"{n} rank{'s' if n != 1 else ''}" + (" on this node" if spec.nnodes > 1 else "")
+    logs = os.path.join(spec.log_dir, "")
+    return f"longboat launch: job finished successfully: {ranks}, {seconds:.1f} s, logs in {logs}"
 
 
 def _run_id(spec: LaunchSpec) -> str:
