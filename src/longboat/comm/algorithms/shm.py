@@ -37,6 +37,7 @@ from functools import lru_cache
 import torch
 import torch.distributed as dist
 
+from longboat.cluster import job_timeout
 from longboat.comm.algorithms import AllreduceFn, Done, register
 from longboat.comm.background import BackgroundAllreduce
 from longboat.comm.shm_segment import (
@@ -90,13 +91,6 @@ class PeerFailedError(RuntimeError):
     """Another rank of the group raised inside the shm allreduce (and flagged it)."""
 
 
-def default_timeout() -> float:
-    """The job's timeout in seconds (``LONGBOAT_TIMEOUT``, default 300)."""
-    from longboat.cluster import job_timeout
-
-    return job_timeout().total_seconds()
-
-
 @lru_cache(maxsize=256)
 def chunk_bounds(numel: int, parts: int, align: int) -> tuple[tuple[int, int], ...]:
     """Split ``range(numel)`` into ``parts`` contiguous chunks starting at multiples of ``align``."""
@@ -135,7 +129,7 @@ class ShmComm:
         self.group = group if group is not None else dist.group.WORLD
         self.ranks = dist.get_process_group_ranks(self.group)
         self.rank, self.size = dist.get_rank(self.group), len(self.ranks)
-        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self.timeout = job_timeout().total_seconds() if timeout is None else float(timeout)
         self.piece_bytes, self.small_bytes = max(PAGE, piece_bytes), small_bytes
         self._device = _collective_device(self.group)
         if not shm_dir().is_dir():
