@@ -139,3 +139,25 @@ def test_restart_line():
         "longboat launch: restart attempt 1 of 2 after rank 1 exited with code 5 (stopped by the "
         "launcher: rank 0 (SIGTERM)); workers started again 1.23 s after the failure was seen"
     )
+
+
+def test_an_error_file_is_in_place_only_once_complete(tmp_path, monkeypatch):
+    """A rank stopped halfway through writing its error file must not leave half a JSON
+    where the agent parses it (torch's ProcessFailure raises on it and the launcher dies)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from longboat.launch import bootstrap
+
+    final = tmp_path / "1.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(final))
+    assert bootstrap._write_error_files_aside() == str(final)
+    aside = Path(os.environ["TORCHELASTIC_ERROR_FILE"])
+    assert aside != final
+    aside.write_text('{"message": {"mess')  # what SIGTERM mid-json.dump leaves
+    assert ProcessFailure(0, 1, 1, str(final)).message  # the agent's parse survives it
+    try:
+        raise ValueError("boom")
+    except ValueError as exc:
+        bootstrap._record_failure(exc, str(final))
+    assert ProcessFailure(0, 1, 1, str(final)).message["message"] == "ValueError: boom"
+    assert not aside.exists()

@@ -88,23 +88,42 @@ def _renumber_for_role(role: str, index: int, count: int) -> None:
     )
 
 
-def _record_failure(exc: BaseException) -> None:
+_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+
+
+def _write_error_files_aside() -> str | None:
+    """Point torch's error file (ours and any ``@record`` in the script) at a side file.
+
+    The agent parses the real path as JSON once the rank has exited; a rank stopped with
+    SIGTERM halfway through ``json.dump`` would leave half a file there and crash the
+    agent's parse. The side file is renamed into place only once complete.
+    """
+    final = os.environ.get(_ERROR_FILE)
+    if final:
+        os.environ[_ERROR_FILE] = f"{final}.writing"
+    return final
+
+
+def _record_failure(exc: BaseException, final: str | None) -> None:
     """Write torch's error file for the agent's failure report (torch imported only now)."""
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
     handler = ErrorHandler()
     handler.initialize()
     handler.record_exception(exc)
+    if final:
+        os.replace(os.environ[_ERROR_FILE], final)
 
 
 def main(argv: list[str]) -> None:
     """Finish the rank's environment and run the target; failures land in the error file."""
+    final = _write_error_files_aside()
     try:
         _main(argv)
     except SystemExit:
         raise
     except BaseException as exc:
-        _record_failure(exc)
+        _record_failure(exc, final)
         raise
 
 
