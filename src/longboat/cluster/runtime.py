@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -32,6 +33,19 @@ class _State:
 
 _state: _State | None = None
 _strategy: Any = None
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def on_shutdown(hook: Callable[[], None]) -> Callable[[], None]:
+    """Run ``hook`` at the next `shutdown` (once; latest first), before the process group goes.
+
+    Every module that keeps per-process state (the current PS engine, timeline observer,
+    stall watch, Horovod controller) registers its reset here, so `shutdown` forgets all of
+    it and a second `init` in the same process starts clean. Registering twice is a no-op.
+    """
+    if hook not in _shutdown_hooks:
+        _shutdown_hooks.append(hook)
+    return hook
 
 
 def _resolve_timeout(seconds: float | None) -> timedelta:
@@ -323,5 +337,11 @@ def shutdown() -> None:
     from longboat.trace.stall import stop_collective_watch
 
     stop_collective_watch()
+    while _shutdown_hooks:
+        hook = _shutdown_hooks.pop()
+        try:
+            hook()
+        except Exception:  # one failing reset must not keep the others (or the group) alive
+            _log.exception("error while shutting down %s", getattr(hook, "__qualname__", hook))
     if state is not None and state.owns_group and dist.is_initialized():
         dist.destroy_process_group()
