@@ -48,6 +48,7 @@ if action == "ps":
         socket.create_connection((host, int(port)), timeout=5).close()
         seen.append(endpoint)
     dump(f"trainer{os.environ['PADDLE_TRAINER_ID']}.json", env | {"seen": seen})
+    print(f"trainer {os.environ['PADDLE_TRAINER_ID']} reached every server", flush=True)
     sys.exit(0)
 
 import torch  # noqa: E402

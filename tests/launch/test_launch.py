@@ -132,6 +132,8 @@ def test_parameter_server_roles(tmp_path):
     assert (tmp_path / "log" / "serverlog.0").exists() and (
         tmp_path / "log" / "workerlog.1"
     ).exists()
+    assert "trainer 0 reached every server" in done.stdout  # the console shows trainer 0
+    assert "trainer 1 reached" not in done.stdout
 
 
 def test_bad_option_is_explained(tmp_path):

@@ -121,6 +121,7 @@ BAD_INPUTS = {
     "zero ranks": ({}, {"nproc": "0"}, "--nproc-per-node must be >= 1, got 0"),
     "negative ranks": ({}, {"nproc": "-2"}, "--nproc-per-node must be >= 1, got -2"),
     "bad MASTER_PORT": ({}, {"MASTER_PORT": "http"}, "MASTER_PORT='http'"),
+    "missing GPUs": ({}, {"gpus": "0,99"}, "--gpus 0,99: "),  # no GPU here, or no GPU 99
 }
 
 
@@ -128,7 +129,8 @@ BAD_INPUTS = {
 def test_bad_input_is_one_line_before_any_rank(tmp_path, probe, monkeypatch, name):
     files, env, expected = BAD_INPUTS[name]
     env = dict(env)
-    args = ["--nproc-per-node", env.pop("nproc", "2")]
+    gpus = env.pop("gpus", None)
+    args = ["--gpus", gpus] if gpus else ["--nproc-per-node", env.pop("nproc", "2")]
     for file, text in files.items():
         (tmp_path / file).write_text(text)
         args += ["--config", str(tmp_path / file)]

@@ -20,6 +20,11 @@ _TORCH_FAILURE_LOGGERS = (
 )
 
 
+def _not_death_signal(record: logging.LogRecord) -> bool:
+    """The agent's "Received N death signal" warning: the launcher says it in its own words."""
+    return not str(record.msg).startswith("Received %s death signal")
+
+
 def quiet_torch_logging() -> None:
     """Keep the agent's INFO chatter off the console unless the user asked for it (LOGLEVEL)."""
     if "LOGLEVEL" in os.environ:
@@ -28,6 +33,9 @@ def quiet_torch_logging() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     for name in _TORCH_FAILURE_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    agent_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    if _not_death_signal not in agent_log.filters:
+        agent_log.addFilter(_not_death_signal)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import socket
 import sys
 import threading
@@ -122,6 +123,8 @@ def main(argv: list[str]) -> None:
         _main(argv)
     except SystemExit:
         raise
+    except KeyboardInterrupt:  # Ctrl-C: the launcher prints one line for the whole job
+        sys.exit(128 + signal.SIGINT)
     except BaseException as exc:
         _record_failure(exc, final)
         raise

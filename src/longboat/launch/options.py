@@ -192,6 +192,7 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
             f"--nproc-per-node must be >= 1, got {a.nproc_per_node}; give the number of ranks "
             "to start on this node, or leave it out for one per --gpus device (else 1)"
         )
+    _check_devices(devices, a.devices)
     nproc = a.nproc_per_node or len(devices) or 1
     if a.num_proc is not None or a.hosts is not None:
         nproc, host_ips = _horovodrun_hosts(a.num_proc, a.hosts, a.nproc_per_node)
@@ -353,6 +354,29 @@ def _endpoint(a: argparse.Namespace, ips: list[str]) -> tuple[str | None, int | 
                 "fix or unset it, or pass --master-port"
             ) from None
     return host, port
+
+
+def _check_devices(devices: list[str], given: str | None) -> None:
+    """``--gpus`` must name GPUs this machine has: a silent CPU run is not what was asked."""
+    if not devices:
+        return
+    if len(set(devices)) != len(devices):
+        raise LaunchOptionError(f"--gpus {given} lists a device twice; give each device once")
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise LaunchOptionError(
+            f"--gpus {given}: torch sees no CUDA GPU on this machine (torch {torch.__version__}"
+            f"{', a CPU-only build' if torch.version.cuda is None else ''}); leave --gpus out "
+            "and give --nproc-per-node N to run on the CPU, or run `longboat doctor`"
+        )
+    missing = [d for d in devices if d.isdigit() and int(d) >= count]
+    if missing:
+        raise LaunchOptionError(
+            f"--gpus {given}: no device {', '.join(missing)} here; this machine has {count} "
+            f"GPU{'s' if count != 1 else ''} (ids 0-{count - 1})"
+        )
 
 
 def _check_strategy(config: str | None) -> None:

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import time
 import uuid
 
 from rich.console import Console
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.launcher.api import LaunchConfig
 
 from longboat.launch import options
 from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
 from longboat.launch.banner import print_banner
+from longboat.launch.log_lock import LogDirBusyError, claim_log_dir
 from longboat.launch.logs import WorkerLogs, log_name
 from longboat.launch.options import LaunchOptionError, LaunchSpec
 from longboat.launch.ports import free_port, holder_of, is_free, local_ip_towards
@@ -54,6 +57,16 @@ def launch(spec: LaunchSpec, console: Console) -> int:
             markup=False,
         )
         return 1
+    try:
+        claim = claim_log_dir(spec.log_dir, spec.node_rank, _command_line(spec))
+    except LogDirBusyError as exc:
+        console.print(f"longboat launch: {exc}", markup=False)
+        return 2
+    with claim:
+        return _launch(spec, console, started, host, explicit)
+
+
+def _launch(spec: LaunchSpec, console: Console, started: float, host: str, explicit: bool) -> int:
     quiet_torch_logging()
     my_ip = "127.0.0.1" if host in ("127.0.0.1", "localhost") else local_ip_towards(host)
     ports = [
@@ -89,6 +102,9 @@ def launch(spec: LaunchSpec, console: Console) -> int:
                 )
                 console.print(summary, markup=False, soft_wrap=True)
                 return 1
+            except SignalException as exc:  # the agent has already ended every rank
+                console.print(stopped_line(spec, exc.sigval), markup=False)
+                return 128 + int(exc.sigval)
     return 1
 
 
@@ -98,6 +114,20 @@ def finished_line(spec: LaunchSpec, seconds: float) -> str:
     ranks = f"{n} rank{'s' if n != 1 else ''}" + (" on this node" if spec.nnodes > 1 else "")
     logs = os.path.join(spec.log_dir, "")
     return f"longboat launch: job finished successfully: {ranks}, {seconds:.1f} s, logs in {logs}"
+
+
+def _command_line(spec: LaunchSpec) -> str:
+    target = ["-m", spec.target] if spec.module else [spec.target]
+    return " ".join(["longboat launch", *target, *spec.target_args])
+
+
+def stopped_line(spec: LaunchSpec, sigval: signal.Signals) -> str:
+    """The one line printed when the launcher itself is signalled (Ctrl-C, SIGTERM)."""
+    n = spec.local_procs
+    return (
+        f"longboat launch: stopped by {sigval.name}; {n} rank{'s' if n != 1 else ''} ended, "
+        f"logs in {os.path.join(spec.log_dir, '')}"
+    )
 
 
 def _run_id(spec: LaunchSpec) -> str:
@@ -111,19 +141,14 @@ def _run_id(spec: LaunchSpec) -> str:
 
 
 def _config(spec: LaunchSpec, master: str, run_id: str) -> LaunchConfig:
-    static = spec.nnodes > 1 or spec.master_port is not None
     return LaunchConfig(
         min_nodes=spec.nnodes,
         max_nodes=spec.nnodes,
         nproc_per_node=spec.local_procs,
         run_id=run_id,
-        rdzv_backend="static" if static else "c10d",
+        rdzv_backend="static",  # the ranks' process group uses the banner's master endpoint
         rdzv_endpoint=master,
-        rdzv_configs=(
-            {"rank": spec.node_rank, "timeout": spec.timeout}
-            if static
-            else {"is_host": True, "timeout": spec.timeout}
-        ),
+        rdzv_configs={"rank": spec.node_rank, "timeout": spec.timeout},
         max_restarts=spec.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
@@ -134,13 +159,14 @@ def _config(spec: LaunchSpec, master: str, run_id: str) -> LaunchConfig:
 
 
 class _TeeRanks:
-    """Which global ranks this console shows: rank 0, or every rank with --tee all."""
+    """Which global ranks this console shows: trainer 0, or every rank with --tee all."""
 
     def __init__(self, spec: LaunchSpec):
         self.all = spec.tee_all
+        self.first_trainer = spec.servers  # parameter-server mode: servers come first
 
     def __contains__(self, rank: object) -> bool:
-        return self.all or rank == 0
+        return self.all or rank == self.first_trainer
 
 
 def _bootstrap_args(spec: LaunchSpec) -> list[str]:
