@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -207,6 +208,10 @@ def test_two_nodes_at_one_gigabit(run_id: str, tmp_path: Path, launcher_meets: N
     done = subprocess.run(_emulate(run_id, str(out)), capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[node 0]" in done.stdout
+    node_ips = dict(re.findall(r"^\[node (\d)\] node_ip: (\S+)$", done.stdout, re.M))
+    master = re.search(r"^\[node 1\] master: (\S+):\d+$", done.stdout, re.M)
+    assert len(set(node_ips.values())) == 2 and master, done.stdout[:3000]  # each its own
+    assert master.group(1) == node_ips["0"]
     result = json.loads(out.read_text())
     assert result["num_nodes"] == 2
     assert result["local_world_size"] == 2

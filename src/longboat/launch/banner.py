@@ -8,8 +8,9 @@ from rich.table import Table
 from longboat.launch.options import LaunchSpec
 
 
-def configuration_block(spec: LaunchSpec, master: str) -> str:
-    """``-----------  Configuration Arguments -----------`` and one ``key: value`` per option."""
+def configuration_block(spec: LaunchSpec, master: str, node_ip: str) -> str:
+    """``-----------  Configuration Arguments -----------`` and one ``key: value`` per option;
+    ``node_ip`` is this node's own address (the one its ranks' endpoints use)."""
     values = {
         "target": spec.target + (" (module)" if spec.module else ""),
         "target_args": " ".join(spec.target_args),
@@ -17,7 +18,8 @@ def configuration_block(spec: LaunchSpec, master: str) -> str:
         "gpus": ",".join(spec.devices) or None,
         "nnodes": spec.nnodes,
         "node_rank": spec.node_rank,
-        "ips": ",".join(spec.ips) or "127.0.0.1",
+        "ips": ",".join(spec.ips) or (node_ip if spec.nnodes == 1 else None),
+        "node_ip": node_ip,
         "master": master,
         "log_dir": spec.log_dir,
         "max_restarts": spec.max_restarts,
@@ -43,7 +45,7 @@ def envs_table(rows: list[dict[str, str]], title: str = "Distributed Envs") -> T
 
 
 def print_banner(
-    spec: LaunchSpec, master: str, rows: list[dict[str, str]], console: Console
+    spec: LaunchSpec, master: str, node_ip: str, rows: list[dict[str, str]], console: Console
 ) -> None:
-    console.print(configuration_block(spec, master), markup=False, highlight=False)
+    console.print(configuration_block(spec, master, node_ip), markup=False, highlight=False)
     console.print(envs_table(rows))

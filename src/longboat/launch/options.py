@@ -166,7 +166,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tee",
         choices=["0", "all"],
         default="0",
-        help="ranks shown on this console: 0 (default) or all",
+        help="ranks shown on this console: 0 (trainer 0, the default) or all",
     )
     run.add_argument(
         "--timeout",

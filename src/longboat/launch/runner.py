@@ -83,7 +83,7 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
             port = spec.master_port or free_port()
             master = f"{host}:{port}"
             if attempt == 1:
-                print_banner(spec, master, _rows(spec, my_ip, ports), console)
+                print_banner(spec, master, my_ip, _rows(spec, my_ip, ports), console)
             try:
                 run_agent(
                     _config(spec, master, run_id), sys.executable, _bootstrap_args(spec), on_restart
