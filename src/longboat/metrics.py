@@ -11,13 +11,14 @@
 the overlap of one step's tail with the next step's start (Paddle's collective-training guide:
 "reduce the fetch frequency"). Here the detached loss tensors are kept and averaged with one
 ``.item()`` every ``n`` steps. Rank 0 shows a rich progress bar (or logs a line when not on a
-terminal) and, when ``tensorboard`` is given and TensorBoard is installed, writes ``loss`` and
+terminal, with the time left when ``total`` is known) and, when ``tensorboard`` is given and TensorBoard is installed, writes ``loss`` and
 ``samples_per_s``. Values are this rank's: no collective is added.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sized
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ class LogEvery:
         self,
         n: int,
         *,
-        total: int | None = None,
+        total: int | Sized | None = None,
         samples_per_step: int | None = None,
         tensorboard: str | None = None,
         rank: int | None = None,
@@ -46,7 +47,10 @@ class LogEvery:
             import longboat.cluster as cluster
 
             rank = cluster.rank() if cluster.is_initialized() else 0
+        if total is not None and not isinstance(total, int):
+            total = len(total)  # a DataLoader (or any sized iterable): one step per batch
         self.n = n
+        self.total = total
         self.samples_per_step = samples_per_step
         self.steps = 0
         self.last: dict[str, float] = {}
@@ -63,7 +67,14 @@ class LogEvery:
 
     def _start_progress(self, total: int | None, description: str) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         console = Console(stderr=True)
         if not console.is_terminal:
@@ -73,6 +84,9 @@ class LogEvery:
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[metrics]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
             console=console,
             transient=False,
         )
@@ -103,6 +117,8 @@ class LogEvery:
             self._losses.clear()
         if self.samples_per_step:
             metrics["samples_per_s"] = metrics["steps_per_s"] * self.samples_per_step
+        if self.total is not None and metrics["steps_per_s"] > 0:
+            metrics["eta_s"] = max(0, self.total - self.steps) / metrics["steps_per_s"]
         self.last = metrics
         if self._main:
             self._show(metrics)
@@ -117,7 +133,9 @@ class LogEvery:
         if self._progress is not None:
             self._progress.update(self._task, metrics=text)
         else:
-            log.info("step %d: %s", self.steps, text)
+            of = f"/{self.total}" if self.total is not None else ""
+            eta = f"  eta {_clock(metrics['eta_s'])}" if "eta_s" in metrics else ""
+            log.info("step %d%s: %s%s", self.steps, of, text, eta)
         if self._writer is not None:
             for key in ("loss", "samples_per_s"):
                 if key in metrics:
@@ -140,6 +158,13 @@ class LogEvery:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _clock(seconds: float) -> str:
+    """``1:02:03`` / ``2:03``: a duration as a person reads it."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _tensorboard_writer(log_dir: str) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from longboat.tools.progress import progress
 
 TEST_FRACTION = 0.2
 
@@ -156,13 +158,16 @@ def train_rank(cfg: DemoConfig) -> dict[str, Any]:
         losses: list[float] = []
         sent: list[int] = []  # cumulative gradient bytes after each step
         start = time.perf_counter()
-        with _progress(lb.rank() == 0, cfg.epochs, cfg.epochs * len(loader)) as advance:
+        steps = cfg.epochs * len(loader)
+        with progress(
+            "rank 0 train", steps, lb.rank() == 0, epoch=f"1/{cfg.epochs}", loss="-"
+        ) as advance:
             for epoch in range(cfg.epochs):
                 sampler.set_epoch(epoch)
                 for x, y in loader:
                     losses.append(train_step(model, optimizer, x, y))
                     sent.append(model.bytes_sent())
-                    advance(epoch, losses[-1])
+                    advance(epoch=f"{epoch + 1}/{cfg.epochs}", loss=losses[-1])
         seconds = time.perf_counter() - start
         samples = cfg.epochs * len(sampler)
         return {
@@ -178,25 +183,6 @@ def train_rank(cfg: DemoConfig) -> dict[str, Any]:
         }
     finally:
         lb.shutdown()
-
-
-@contextlib.contextmanager
-def _progress(show: bool, epochs: int, total_steps: int) -> Iterator[Callable[[int, float], None]]:
-    """Yield ``advance(epoch, loss)``, which moves a rich progress bar when ``show`` is true."""
-    if not show:
-        yield lambda epoch, loss: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("rank 0  epoch {task.fields[epoch]}/" + str(epochs)),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("steps  loss {task.fields[loss]:.4f}"),
-        TimeElapsedColumn(),
-    ) as bar:
-        task = bar.add_task("train", total=total_steps, epoch=1, loss=float("nan"))
-        yield lambda epoch, loss: bar.update(task, advance=1, epoch=epoch + 1, loss=loss)
 
 
 def train_reference(cfg: DemoConfig, train: TensorDataset) -> dict[str, Any]:

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from longboat import cluster
+from longboat.tools.progress import progress
 
 DEFAULT_SIZES = "1K,16K,256K,1M,4M,16M,64M,256M"
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -84,12 +85,14 @@ def measure(
     group = cluster.new_group()
     fns = {name: registry.make(name, group) for name in algorithms}
     out: dict[str, dict[int, float]] = {"gloo": {}} | {name: {} for name in algorithms}
-    for size in sizes:
-        tensor = torch.ones(size // 4)
-        n = repeats or default_repeats(size)
-        out["gloo"][size] = time_collective(lambda t=tensor: dist.all_reduce(t, group=group), n)
-        for name, fn in fns.items():
-            out[name][size] = time_collective(lambda t=tensor, f=fn: f(t).wait(), n)
+    with progress("bench comm", len(sizes), cluster.rank() == 0, size="-") as done:
+        for size in sizes:
+            tensor = torch.ones(size // 4)
+            n = repeats or default_repeats(size)
+            out["gloo"][size] = time_collective(lambda t=tensor: dist.all_reduce(t, group=group), n)
+            for name, fn in fns.items():
+                out[name][size] = time_collective(lambda t=tensor, f=fn: f(t).wait(), n)
+            done(size=human(size))
     return out
 
 

@@ -18,7 +18,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
+
+from longboat.tools.progress import progress
 
 INPUT_BOUND_FRACTION = 0.1
 
@@ -372,14 +374,21 @@ def plot(results: dict[str, list[dict[str, Any]]], out: str) -> None:
     plt.close(fig)
 
 
-def run_model(config: Config, nprocs: Sequence[int]) -> list[dict[str, Any]]:
-    """Launch each rank count (local ranks), or measure in place under a launcher."""
+def run_model(
+    config: Config, nprocs: Sequence[int], done: Callable[..., None] | None = None
+) -> list[dict[str, Any]]:
+    """Launch each rank count (local ranks), or measure in place under a launcher;
+    ``done(last=...)`` is called after each rank count."""
     if "RANK" in os.environ:
         result = rank_main(config)
         return summarise({int(os.environ["WORLD_SIZE"]): result}) if result else []
     from longboat.launch.local import launch_local
 
-    raw = {n: launch_local(rank_main, (config,), nproc=n, timeout=3600)[0] for n in nprocs}
+    raw = {}
+    for n in nprocs:
+        raw[n] = launch_local(rank_main, (config,), nproc=n, timeout=3600)[0]
+        if done is not None:
+            done(last=f"{config.model} x{n}")
     return summarise(raw)
 
 
@@ -439,14 +448,16 @@ def run(args: argparse.Namespace) -> int:
     nprocs = sorted({int(n) for n in args.nproc.split(",")})
     fields = strategy_fields(args.strategy, args.set)
     results: dict[str, list[dict[str, Any]]] = {}
-    for model in models:
-        config = Config(
-            model, args.warmup, args.steps, args.rounds, args.data, args.workers, fields
-        )
-        rows = run_model(config, nprocs)
-        if not rows:
-            continue  # a non-zero rank under a launcher
-        results[model] = rows
+    runs = len(models) * len(nprocs)
+    with progress("bench train", runs, "RANK" not in os.environ, last="-") as done:
+        for model in models:
+            config = Config(
+                model, args.warmup, args.steps, args.rounds, args.data, args.workers, fields
+            )
+            rows = run_model(config, nprocs, done)
+            if rows:  # none on a non-zero rank under a launcher
+                results[model] = rows
+    for model, rows in results.items():
         print(markdown(model, rows)) if args.markdown else render(model, rows)
     if results and args.json:
         with open(args.json, "w") as f:
