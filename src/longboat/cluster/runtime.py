@@ -24,16 +24,24 @@ _log = logging.getLogger("longboat")
 
 @dataclass
 class _State:
+    """This process's membership of the job, from `init` to `shutdown`."""
+
     info: ClusterInfo
     topology: Topology
     timeout: timedelta
     owns_group: bool
     store: dist.Store | None
+    strategy: Any = None
 
 
-_state: _State | None = None
-_strategy: Any = None
+_state: _State | None = None  # see `_current`
 _shutdown_hooks: list[Callable[[], None]] = []
+
+
+def _current() -> _State | None:
+    """The state `init` created, or None (before it, or after `shutdown`); every accessor below
+    reads it through here."""
+    return _state
 
 
 def on_shutdown(hook: Callable[[], None]) -> Callable[[], None]:
@@ -195,11 +203,12 @@ def init(
     ``timeout`` (seconds): argument, else LONGBOAT_TIMEOUT, else 300; bounds the rendezvous and
     every collective of the process group.
     """
-    global _state, _strategy
-    if strategy is not None:
-        _strategy = strategy
-    if _state is not None:
-        return _state.info
+    global _state
+    state = _current()
+    if state is not None:
+        if strategy is not None:
+            state.strategy = strategy
+        return state.info
     wait = _resolve_timeout(timeout)
     store: dist.Store | None = None
     if dist.is_initialized():
@@ -212,6 +221,7 @@ def init(
         owns = True
         # a script that exits (sys.exit, end of file) without shutdown() would otherwise
         # abort in the process group's destructor and report SIGABRT instead of its exit code
+        atexit.unregister(shutdown)
         atexit.register(shutdown)
         try:
             info, topo = replace(found, backend=name), _gather(found.node_key, name)
@@ -219,10 +229,10 @@ def init(
             dist.destroy_process_group()
             raise
     _warn_if_inconsistent(info, topo)
-    _state = _State(info, topo, wait, owns, store)
+    _state = _State(info, topo, wait, owns, store, strategy)
     from longboat.trace.stall import watch_collectives  # names stalled barriers, broadcasts...
 
-    watch_collectives(_strategy)
+    watch_collectives(strategy)
     if info.rank == 0:
         _log.info(
             "longboat cluster: %d ranks on %d nodes, %s, timeout %.0fs",
@@ -239,7 +249,8 @@ def job_timeout() -> timedelta:
 
     Every process group, barrier and wait longboat creates is bounded by it.
     """
-    return _state.timeout if _state is not None else _resolve_timeout(None)
+    state = _current()
+    return state.timeout if state is not None else _resolve_timeout(None)
 
 
 def new_group(ranks: list[int] | None = None) -> dist.ProcessGroup:
@@ -253,12 +264,13 @@ def new_group(ranks: list[int] | None = None) -> dist.ProcessGroup:
 
 def is_initialized() -> bool:
     """True between init() and shutdown()."""
-    return _state is not None
+    return _current() is not None
 
 
 def cluster() -> ClusterInfo:
     """The initialised ClusterInfo, or before init() what discover() reads now."""
-    return _state.info if _state is not None else discover()
+    state = _current()
+    return state.info if state is not None else discover()
 
 
 def rank() -> int:
@@ -292,15 +304,17 @@ def num_nodes() -> int:
 
 
 def current_strategy() -> Any:
-    """The strategy given to init(), or None."""
-    return _strategy
+    """The strategy given to init() (the latest non-None one), or None (also after shutdown)."""
+    state = _current()
+    return state.strategy if state is not None else None
 
 
 def topology() -> Topology:
     """Which ranks share a node (measured once in init())."""
-    if _state is None:
+    state = _current()
+    if state is None:
         raise ClusterError("topology() needs the process group: call longboat.init() first")
-    return _state.topology
+    return state.topology
 
 
 def barrier(timeout: float | None = None) -> None:
@@ -308,35 +322,37 @@ def barrier(timeout: float | None = None) -> None:
 
     On gloo it uses monitored_barrier, whose error names the ranks that did not arrive.
     """
-    if _state is None:
+    state = _current()
+    if state is None:
         if discover().world_size == 1:
             return
         raise ClusterError("barrier() before init(): call longboat.init() on every rank first")
-    if _state.info.world_size == 1:
+    if state.info.world_size == 1:
         return
-    wait = _state.timeout if timeout is None else _resolve_timeout(timeout)
+    wait = state.timeout if timeout is None else _resolve_timeout(timeout)
     from longboat.trace.stall import waiting
 
     try:
         with waiting("barrier", timeout_s=wait.total_seconds()):
-            if _state.info.backend == "gloo":
+            if state.info.backend == "gloo":
                 dist.monitored_barrier(timeout=wait, wait_all_ranks=True)
             else:
                 dist.barrier(async_op=True).wait(timeout=wait)
     except Exception as exc:
         raise ClusterError(
-            f"rank {_state.info.rank}: barrier did not complete within "
+            f"rank {state.info.rank}: barrier did not complete within "
             f"{wait.total_seconds():.0f}s: {exc}"
         ) from exc
 
 
 def shutdown() -> None:
-    """Destroy the process group longboat created and forget the state; safe to call twice."""
-    global _state, _strategy
-    state, _state, _strategy = _state, None, None
-    from longboat.trace.stall import stop_collective_watch
+    """Destroy the process group longboat created and forget the state; safe to call twice.
 
-    stop_collective_watch()
+    First the hooks registered with `on_shutdown` run (latest first): each module forgets
+    what it kept for this process group (stall watches, observers, Horovod's negotiation).
+    """
+    global _state
+    state, _state = _state, None
     while _shutdown_hooks:
         hook = _shutdown_hooks.pop()
         try:

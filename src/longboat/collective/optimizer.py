@@ -9,20 +9,7 @@ import torch
 
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.model import DistributedModel
-
-
-def _mix_in(
-    optimizer: torch.optim.Optimizer, mixin: type, prefix: str, **attrs: Any
-) -> torch.optim.Optimizer:
-    """Swap ``optimizer``'s class for a subclass with ``mixin`` first, set ``attrs`` (in place).
-
-    The caller's own reference, LR schedulers and ``isinstance`` checks keep working.
-    """
-    base = type(optimizer)
-    optimizer.__class__ = type(f"{prefix}{base.__name__}", (mixin, base), {})
-    for name, value in attrs.items():
-        setattr(optimizer, name, value)
-    return optimizer
+from longboat.optim.extend import extend
 
 
 class _MergeGate:
@@ -46,7 +33,7 @@ def gate_for_gradient_merge(
     """Make ``optimizer`` skip ``step``/``zero_grad`` between merge boundaries (in place)."""
     if isinstance(optimizer, _MergeGate):
         raise ValueError("this optimizer was already passed to lb.distribute")
-    return _mix_in(optimizer, _MergeGate, "Merged", _lb_model=model)
+    return extend(optimizer, _MergeGate, "Merged", _lb_model=model)
 
 
 def use_multi_tensor_kernels(optimizer: torch.optim.Optimizer) -> bool:
@@ -84,7 +71,7 @@ def attach_local_sgd(
     optimizer: torch.optim.Optimizer, sgd: LocalSGD | AdaptiveLocalSGD
 ) -> torch.optim.Optimizer:
     """Make ``optimizer.step()`` also run local SGD's parameter averaging (in place)."""
-    return _mix_in(optimizer, _LocalSGDStep, "LocalSGD", _lb_local_sgd=sgd)
+    return extend(optimizer, _LocalSGDStep, "LocalSGD", _lb_local_sgd=sgd)
 
 
 class _AmpStep:
@@ -105,7 +92,7 @@ def attach_loss_scaling(
     optimizer: torch.optim.Optimizer, model: DistributedModel
 ) -> torch.optim.Optimizer:
     """Make ``optimizer.step()`` skip overflowed steps on every rank (in place)."""
-    return _mix_in(optimizer, _AmpStep, "Amp", _lb_model=model)
+    return extend(optimizer, _AmpStep, "Amp", _lb_model=model)
 
 
 class _DGCStep:
@@ -148,4 +135,4 @@ def attach_dgc(
     optimizer: torch.optim.Optimizer, compressors: Sequence[Any]
 ) -> torch.optim.Optimizer:
     """Make ``optimizer.step()`` skip its own momentum while DGC is sparse (in place)."""
-    return _mix_in(optimizer, _DGCStep, "DGC", _lb_dgc=list(compressors))
+    return extend(optimizer, _DGCStep, "DGC", _lb_dgc=list(compressors))

@@ -65,7 +65,15 @@ class _Bucket:
 
 
 class Reducer:
-    """Averages gradients across ranks during backward; see the module docstring."""
+    """Averages gradients across ranks during backward; see the module docstring.
+
+    ``observer`` (`longboat.trace.Observer`, or None) hears of each bucket and backward: set by
+    ``lb.trace.attach`` after construction, not passed to it, because the observer's stall watch
+    is built from this reducer's `bucket_members`, and ``Strategy(auto=True)`` hands it on to
+    each candidate reducer it installs. A plain attribute, read on the hot path.
+    """
+
+    observer: Observer | None
 
     def __init__(
         self,
@@ -104,7 +112,7 @@ class Reducer:
         self._callback_queued = False
         self._next = 0
         self._flags_handle: Handle | None = None
-        self.observer: Observer | None = None  # longboat.trace: timeline and stall inspector
+        self.observer = None  # longboat.trace: timeline and stall inspector
         self._hooks = [
             p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
             for i, p in enumerate(self.params)

@@ -16,13 +16,14 @@ wait.
 
 import sys
 
-from longboat.trace.observer import Observer, attach, data, save
+from longboat.trace.observer import Observer, attach, current_observer, data, save
 from longboat.trace.ps import PSObserver
 from longboat.trace.recorder import Recorder, load, merge, rank_path
 from longboat.trace.stall import (
     STALL_EXIT_CODE,
     CollectiveWatch,
     StallWatch,
+    collective_watch,
     missing_report,
     waiting,
 )
@@ -39,6 +40,8 @@ __all__ = [
     "Recorder",
     "StallWatch",
     "attach",
+    "collective_watch",
+    "current_observer",
     "data",
     "load",
     "merge",

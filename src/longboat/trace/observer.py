@@ -11,17 +11,68 @@ import contextlib
 import itertools
 import multiprocessing.util
 from collections.abc import Iterable, Iterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_leaves
 
+from longboat.cluster import on_shutdown
+from longboat.optim.extend import extend
 from longboat.trace.recorder import Recorder, comm_lane
 from longboat.trace.stall import StallWatch
 
-_current: Observer | None = None  # the last one installed: lb.trace.data() records into it
-_serial = itertools.count()  # lb.distribute calls, in the same order on every rank
+
+class Recording(Protocol):
+    """What `data` and `save` use of the current observer (`Observer`, or a PS trainer's)."""
+
+    @property
+    def recorder(self) -> Recorder | None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Session:
+    """The trace's per-process state between `lb.init` and `lb.shutdown`."""
+
+    current: Recording | None = None  # the last one installed: lb.trace.data() records into it
+    serial: Iterator[int] = field(default_factory=itertools.count)  # lb.distribute calls
+
+
+_session: _Session | None = None
+
+
+def _state() -> _Session:
+    """The trace's state, created on first use; the next `lb.shutdown` forgets it."""
+    global _session
+    if _session is None:
+        _session = _Session()
+        on_shutdown(_forget)
+    return _session
+
+
+def _forget() -> None:
+    global _session
+    _session = None
+
+
+def current_observer() -> Recording | None:
+    """The observer that `data` records into and `save` finishes: the last one installed (by
+    ``lb.distribute`` or a PS trainer), or None before that and after ``lb.shutdown``."""
+    return _session.current if _session is not None else None
+
+
+def make_current(observer: Recording) -> None:
+    """``observer`` is the one `data` records into from now on."""
+    _state().current = observer
+
+
+def release(observer: Recording) -> None:
+    """``observer`` is finished: if it is the current one, none is current any more."""
+    if _session is not None and _session.current is observer:
+        _session.current = None
 
 
 class Observer:
@@ -157,11 +208,14 @@ class _ObservedStep:
 
 def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -> Any:
     """Install an observer on ``model`` (a DistributedModel) as ``strategy`` asks; returns the
-    optimizer (its class extended to record steps when the timeline is on)."""
-    global _current
+    optimizer (its class extended to record steps when the timeline is on).
+
+    The observer is closed (stall thread stopped, timeline finished) at the next
+    ``lb.shutdown``, before the process group goes, or else at exit.
+    """
     timeline = strategy.timeline
     warning = float(strategy.stall_warning_seconds)
-    serial = next(_serial)
+    serial = next(_state().serial)  # in the same order on every rank
     name_sync_batchnorms(getattr(model, "module", model))
     if not timeline and warning <= 0:
         return optimizer
@@ -188,13 +242,12 @@ def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -
         algorithm += "+fp16"
     observer = Observer(recorder, watch, algorithm)
     reducer.observer = observer
-    _current = observer
+    make_current(observer)
+    on_shutdown(observer.close)
     # run at exit, also in multiprocessing children (which skip atexit handlers)
     multiprocessing.util.Finalize(observer, observer.close, exitpriority=20)
     if recorder is not None and optimizer is not None:
-        base = type(optimizer)
-        optimizer.__class__ = type(f"Traced{base.__name__}", (_ObservedStep, base), {})
-        optimizer._lb_observer = observer  # type: ignore[attr-defined]
+        optimizer = extend(optimizer, _ObservedStep, "Traced", _lb_observer=observer)
     return optimizer
 
 
@@ -217,7 +270,8 @@ def data(loader: Iterable[Any], name: str = "next batch") -> Iterator[Any]:
     """
     it = iter(loader)
     while True:
-        rec = _current.recorder if _current is not None else None
+        current = current_observer()
+        rec = current.recorder if current is not None else None
         start = rec.now() if rec is not None else 0.0
         try:
             batch = next(it)
@@ -231,5 +285,6 @@ def data(loader: Iterable[Any], name: str = "next batch") -> Iterator[Any]:
 def save() -> None:
     """Finish the timeline now (normally done at exit): the rank's last events are written and
     its file closed; rank 0 merges. Events recorded afterwards are dropped."""
-    if _current is not None:
-        _current.close()
+    current = current_observer()
+    if current is not None:
+        current.close()

@@ -45,7 +45,7 @@ class PSObserver:
         self._forward_start = 0.0
         self._backward_start: float | None = None
         self._closed = False
-        _observer._current = self  # type: ignore[assignment]  # lb.trace.data() records here
+        _observer.make_current(self)  # lb.trace.data() records here
         multiprocessing.util.Finalize(self, self.close, exitpriority=20)
 
     # -- calls (Client.start) -------------------------------------------------------------------
@@ -128,8 +128,7 @@ class PSObserver:
         if self._closed:
             return
         self._closed = True
-        if _observer._current is self:  # type: ignore[comparison-overlap]
-            _observer._current = None
+        _observer.release(self)
         self.recorder.save()
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from longboat.cluster import on_shutdown
 from longboat.log import get_logger
 
 log = get_logger("longboat.stall")
@@ -431,8 +432,14 @@ class CollectiveWatch(_Watcher):
         )
 
 
-_collectives: CollectiveWatch | None = None
+_collectives: CollectiveWatch | None = None  # this process group's; see `collective_watch`
 _collectives_lock = threading.Lock()
+
+
+def collective_watch() -> CollectiveWatch | None:
+    """The running `CollectiveWatch` of the world group, or None (inspector off, one rank,
+    before `watch_collectives` or after ``lb.shutdown``)."""
+    return _collectives
 
 
 def waiting(
@@ -444,7 +451,7 @@ def waiting(
     Only collectives of the world group are counted (every rank issues them in the same order);
     with the inspector off, or another ``group``, this is a shared no-op context.
     """
-    watch = _collectives
+    watch = collective_watch()
     if watch is None or (group is not None and group is not dist.group.WORLD):
         return _NULL
     return watch.waiting(label, timeout_s)
@@ -453,7 +460,8 @@ def waiting(
 def watch_collectives(strategy: Any = None) -> CollectiveWatch | None:
     """Start (or retune) this process group's `CollectiveWatch` with ``strategy``'s
     ``stall_warning_seconds`` / ``stall_shutdown_seconds`` (the defaults without one); stop
-    it when the warning is 0 or there is one rank."""
+    it when the warning is 0 or there is one rank. A watch started here is stopped by the
+    next ``lb.shutdown``, before the process group goes."""
     global _collectives
     with _collectives_lock:
         if not (dist.is_available() and dist.is_initialized()):
@@ -479,6 +487,7 @@ def watch_collectives(strategy: Any = None) -> CollectiveWatch | None:
         _collectives = CollectiveWatch(
             store, dist.get_rank(), world, warning, shutdown, group=group
         )
+        on_shutdown(stop_collective_watch)
         return _collectives
 
 

@@ -5,6 +5,8 @@ HOROVOD_* variables, Slurm or mpirun) plus this rank's negotiation thread. ``hvd
 stops the thread after every rank reached it and forgets the Horovod state; the process group
 itself stays until ``lb.shutdown()`` or exit, so ``hvd.init()`` after ``hvd.shutdown()`` starts
 a fresh negotiation (new groups, empty caches, handle and name counters reset) at once.
+``lb.shutdown()`` runs ``hvd.shutdown()`` first (`longboat.cluster.on_shutdown`), so
+``hvd.init()`` after it joins the next process group afresh.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from longboat.horovod.torch.negotiation import BARRIER, Controller, Request, Wor
 
 log = logging.getLogger("longboat.horovod")
 
-_controller: Controller | None = None
+_controller: Controller | None = None  # this process's negotiation; see `controller`
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -43,22 +45,32 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     algorithm = "native" if strategy is None else str(strategy.allreduce_algorithm)
     timeout_s = cluster.job_timeout().total_seconds()
     _controller = Controller(info.rank, info.world_size, timeout_s, algorithm)
+    cluster.on_shutdown(shutdown)  # before lb.shutdown destroys the process group
     atexit.unregister(_close_at_exit)
     atexit.register(_close_at_exit)  # runs before lb's own atexit shutdown (LIFO)
 
 
-def _close_at_exit() -> None:
-    """A script that never calls shutdown(): stop the thread before the groups go away."""
+def _forget() -> Controller | None:
+    """Forget this session (the controller and the outstanding handles); returns the controller
+    for the caller to stop."""
     global _controller
     ctl, _controller = _controller, None
+    from longboat.horovod.torch.ops import reset_handles
+
+    reset_handles()
+    return ctl
+
+
+def _close_at_exit() -> None:
+    """A script that never calls shutdown(): stop the thread before the groups go away."""
+    ctl = _forget()
     if ctl is not None:
         ctl.close(grace_s=1.0)
 
 
 def shutdown() -> None:
     """Stop negotiating, once every rank has called shutdown(); safe to call twice."""
-    global _controller
-    ctl, _controller = _controller, None
+    ctl = _forget()
     if ctl is None:
         return
     if ctl.world > 1:

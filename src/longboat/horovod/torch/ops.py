@@ -54,9 +54,16 @@ class _Handle:
     grouped: bool = False
 
 
-_handles: dict[int, _Handle] = {}
+_handles: dict[int, _Handle] = {}  # this Horovod session's outstanding ops, by handle
 _handles_lock = threading.Lock()
 _next_handle = itertools.count()
+
+
+def reset_handles() -> None:
+    """Forget every outstanding handle (``hvd.shutdown``). Numbers keep counting up, so a
+    handle kept from an old session can never match a new session's op."""
+    with _handles_lock:
+        _handles.clear()
 
 
 def _check_process_set(process_set: Any) -> None:

@@ -35,6 +35,7 @@ from longboat.horovod.torch import basics
 from longboat.horovod.torch.compression import Compression, Compressor
 from longboat.horovod.torch.negotiation import MB, ReduceOp, env_float
 from longboat.horovod.torch.ops import Average, ProcessSet, Sum, global_process_set
+from longboat.optim.extend import extend
 from longboat.strategy import Strategy
 
 _MORE_PASSES = (
@@ -51,6 +52,8 @@ class _DistributedOptimizer:
     """Mixin put in front of the user's optimizer class (the object keeps its identity)."""
 
     _hvd_reducer: Reducer
+    _hvd_compressors: list[Any]
+    _hvd_hooks: list[Any]  # the per-parameter hook handles, registered before the reducer's
     _hvd_passes: int
     _hvd_in_pass: bool
     _hvd_divisor: float
@@ -169,22 +172,39 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     plan = _explicit_plan(named, groups) if groups else None
     if plan is not None:  # Horovod's groups have always run without the one-in-flight chain
         strategy.sync_nccl_allreduce = False
-    base = type(optimizer)
-    optimizer.__class__ = type(base.__name__, (_DistributedOptimizer, base), {})
-    opt: Any = optimizer
-    opt.backward_passes_per_step = int(backward_passes_per_step)
-    opt._hvd_passes, opt._hvd_in_pass = 0, False
-    opt._hvd_should_sync, opt._hvd_synchronized = True, False
-    opt._hvd_divisor = float(world if op == Average else 1)
-    opt._hvd_hooks = [  # before the reducer's hooks: they must run first
+    hooks = [  # before the reducer's hooks: they must run first
         p.register_post_accumulate_grad_hook(
-            functools.partial(opt._hvd_hook, name, sparse_as_dense)
+            functools.partial(_on_grad, optimizer, name, sparse_as_dense)
         )
         for name, p in named
     ]
     # the core's reducer and its compressors; with Horovod's ``groups``, over that plan
-    opt._hvd_reducer, opt._hvd_compressors = build_reducer(named, strategy, optimizer, plan)
-    return optimizer
+    try:
+        reducer, compressors = build_reducer(named, strategy, optimizer, plan)
+    except BaseException:
+        for hook in hooks:
+            hook.remove()
+        raise
+    return extend(
+        optimizer,
+        _DistributedOptimizer,
+        "",  # the user's class name, as Horovod's wrapper class keeps it
+        backward_passes_per_step=int(backward_passes_per_step),
+        _hvd_passes=0,
+        _hvd_in_pass=False,
+        _hvd_should_sync=True,
+        _hvd_synchronized=False,
+        _hvd_divisor=float(world if op == Average else 1),
+        _hvd_hooks=hooks,
+        _hvd_reducer=reducer,
+        _hvd_compressors=compressors,
+    )
+
+
+def _on_grad(optimizer: Any, name: str, sparse_as_dense: bool, param: torch.Tensor) -> None:
+    """A parameter's gradient is accumulated: the optimizer, a `_DistributedOptimizer` by
+    then (hooks go on before the reducer's, the class swap after it is built), counts it."""
+    optimizer._hvd_hook(name, sparse_as_dense, param)
 
 
 def _named(

@@ -1,0 +1,175 @@
+"""lb.shutdown forgets every per-process state, so init -> train -> shutdown runs again cleanly.
+
+One process, a 1-rank Gloo world: each round trains with the timeline on and must match a plain
+single-process run; after shutdown every accessor reports that nothing is current.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import longboat as lb
+import longboat.cluster as lc
+import longboat.horovod.torch as hvd
+from longboat.cluster import runtime
+from longboat.horovod.torch import ops
+from longboat.optim import extend
+from longboat.trace import collective_watch, current_observer
+from longboat.trace.stall import watch_collectives
+
+LAUNCHER_PREFIXES = ("PADDLE_", "HOROVOD_", "SLURM_", "OMPI_", "PMIX_", "LONGBOAT_")
+LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+STEPS = 2
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No launcher variables in os.environ, and no longboat state before or after."""
+    for name in list(os.environ):
+        if name in LAUNCHER_NAMES or name.startswith(LAUNCHER_PREFIXES):
+            monkeypatch.delenv(name)
+    lc.shutdown()
+    yield monkeypatch
+    hvd.shutdown()
+    lc.shutdown()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(5, 4, generator=g), torch.randn(5, 2, generator=g)) for _ in range(STEPS)]
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, batches: list) -> None:
+    for x, y in batches:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+def _reference() -> list[torch.Tensor]:
+    model = _model()
+    _train(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), _batches())
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _assert_nothing_current() -> None:
+    assert not lc.is_initialized() and not dist.is_initialized()
+    assert lc.current_strategy() is None
+    assert current_observer() is None
+    assert collective_watch() is None
+    assert not hvd.is_initialized()
+    assert runtime._shutdown_hooks == []
+
+
+def test_train_shutdown_init_train_again(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    expected = _reference()
+    for round_ in range(2):
+        timeline = tmp_path / f"round{round_}.json"
+        strategy = lb.Strategy(timeline=str(timeline))
+        info = lb.init(strategy)
+        assert (info.world_size, info.backend) == (1, "gloo")
+        assert lc.current_strategy() is strategy
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        wrapped, traced = lb.distribute(model, opt, strategy)
+        assert traced is opt and type(opt).__name__ == "TracedSGD"
+        assert isinstance(opt, torch.optim.SGD)
+        observer = current_observer()
+        assert observer is not None and observer is wrapped.reducer.observer
+        _train(wrapped, opt, list(lb.trace.data(_batches())))
+        for got, want in zip(model.parameters(), expected, strict=True):
+            torch.testing.assert_close(got.detach(), want)
+        lb.shutdown()
+        _assert_nothing_current()
+        assert timeline.exists(), "the timeline is finished at shutdown"
+        assert observer.recorder is not None and observer.recorder.save() is None  # saved
+        assert {e["name"] for e in lb.trace.load(timeline)} >= {"forward", "optimizer step"}
+
+
+class _Counted:
+    counter: list[int]
+
+    def step(self, closure: object = None) -> object:
+        self.counter.append(1)
+        return super().step(closure)  # type: ignore[misc]
+
+
+class _Named:
+    label: str
+
+
+def test_extend_swaps_once_stacks_and_sets_declared_collaborators() -> None:
+    opt = torch.optim.SGD(_model().parameters(), lr=0.1)
+    first: list[int] = []
+    assert extend(opt, _Counted, "Counted", counter=first) is opt
+    assert type(opt).__name__ == "CountedSGD" and isinstance(opt, torch.optim.SGD)
+    klass = type(opt)
+    second: list[int] = []
+    extend(opt, _Counted, "Counted", counter=second)  # again: same class, new collaborator
+    assert type(opt) is klass and opt.counter is second
+    extend(opt, _Named, "", label="x")  # stacks in front, keeps the name
+    assert type(opt).__name__ == "CountedSGD" and type(opt).__mro__[1:3] == (_Named, klass)
+    opt.step()
+    assert (first, second, opt.label) == ([], [1], "x")
+    with pytest.raises(TypeError, match="declares no attribute"):
+        extend(opt, _Named, lable="y")
+    other = torch.optim.SGD(_model().parameters(), lr=0.1)
+    assert type(extend(other, _Counted, "Counted", counter=[])) is klass  # one class per kind
+
+
+def test_gradient_merge_gate_is_extended_once(clean_env: pytest.MonkeyPatch) -> None:
+    lb.init()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy = lb.Strategy()
+    strategy.gradient_merge = True
+    strategy.gradient_merge_configs = {"k_steps": 2, "avg": True}
+    wrapped, _ = lb.distribute(model, opt, strategy)
+    assert type(opt).__name__ == "MergedSGD" and opt._lb_model is wrapped
+    with pytest.raises(ValueError, match="already passed"):
+        lb.distribute(_model(), opt, strategy)
+    lb.shutdown()
+    _assert_nothing_current()
+
+
+def test_collective_watch_is_stopped_by_shutdown(clean_env: pytest.MonkeyPatch) -> None:
+    lb.init()
+    with clean_env.context() as patch:  # a world of two as far as the watch is concerned
+        patch.setattr(dist, "get_world_size", lambda group=None: 2)
+        watch = watch_collectives(lb.Strategy(stall_warning_seconds=30))
+    assert watch is not None and collective_watch() is watch
+    lb.shutdown()
+    _assert_nothing_current()
+    assert not watch._thread.is_alive()
+
+
+def test_horovod_init_allreduce_shutdown_init_again(clean_env: pytest.MonkeyPatch) -> None:
+    x = torch.arange(4.0)
+    seen: list[int] = []
+    for stop in (lb.shutdown, hvd.shutdown):
+        hvd.init()
+        assert hvd.is_initialized() and hvd.size() == 1
+        handle = hvd.allreduce_async(x, name="x")
+        assert handle not in seen, "an old session's handle never names a new op"
+        seen.append(handle)
+        torch.testing.assert_close(hvd.synchronize(handle), x)
+        torch.testing.assert_close(hvd.allreduce(x, op=hvd.Sum), x)
+        stop()
+        assert not hvd.is_initialized() and ops._handles == {}
+        with pytest.raises(ValueError, match="hvd.init"):
+            hvd.allreduce(x)
+    lb.shutdown()
+    _assert_nothing_current()
