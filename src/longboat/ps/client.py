@@ -1,10 +1,11 @@
 """A trainer's connections to every server: authenticated, size-bounded calls with deadlines,
 issued in parallel (futures), with every failure naming the server and endpoint.
 
-Two optional observers, both None unless ``lb.ps.distribute``'s strategy asks for them (a None
-check each otherwise): ``Client.stall`` (`ReplyWatch`, ``stall_warning_seconds``) makes a wait
-for a reply warn, and eventually exit, when the server takes too long; ``Client.observer`` (the
-timeline's ``PSObserver``) records every call on the trace's ``ps`` lane.
+Two optional collaborators, given at construction and None unless ``lb.ps.distribute``'s
+strategy asks for them (a None check each otherwise): ``stall`` (`ReplyWatch`,
+``stall_warning_seconds``) makes a wait for a reply warn, and eventually exit, when the server
+takes too long; ``observer`` (the timeline's ``PSObserver``) records every call on the trace's
+``ps`` lane.
 """
 
 from __future__ import annotations
@@ -177,7 +178,10 @@ class Client:
         *,
         timeout: float | None = None,
         max_bytes: int | None = None,
+        stall: ReplyWatch | None = None,
+        observer: Any = None,
     ) -> None:
+        """``stall`` inspects late replies; ``observer`` (a ``PSObserver``) records every call."""
         if not endpoints:
             raise ValueError("no parameter-server endpoints given")
         self.endpoints = list(endpoints)
@@ -190,8 +194,8 @@ class Client:
         self._stubs = [
             {m: ch.unary_unary(f"/{SERVICE}/{m}") for m in METHODS} for ch in self._channels
         ]
-        self.stall: ReplyWatch | None = None  # stall inspection of replies (lb.ps.distribute)
-        self.observer: Any = None  # the timeline's PSObserver (Strategy.timeline)
+        self.stall = stall
+        self.observer = observer
 
     def __len__(self) -> int:
         return len(self.endpoints)
@@ -248,6 +252,16 @@ class Client:
         """The same method on several servers in parallel; every reply, or the first error."""
         calls = {s: self.start(s, method, m, timeout) for s, m in msgs.items()}
         return {s: c.result() for s, c in calls.items()}
+
+    def waiting_for(self, server: int, question: dict[str, Any]) -> list[Any]:
+        """The trainers ``server`` says a stalled call still waits for (``question``: the call's
+        ``keys``/``tables``/``version`` or ``barrier``); [] when it cannot say within 2 s."""
+        try:
+            reply = self.start(server, "ping", Message(question), 2.0, False).result()
+        except PSError:
+            return []
+        lacking = reply.meta.get("waiting_for")
+        return lacking if isinstance(lacking, list) else []
 
     def close(self) -> None:
         for channel in self._channels:

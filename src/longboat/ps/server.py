@@ -28,7 +28,8 @@ from longboat.log import get_logger
 from longboat.ps import auth, checkpoint, guard, wire
 from longboat.ps.client import METHODS, SERVICE, max_message_bytes
 from longboat.ps.limits import ServerLimits
-from longboat.ps.state import RequestError, ServerState, StaleStep, meta_int
+from longboat.ps.request import RequestError, StaleStep, meta_int
+from longboat.ps.state import ServerState
 from longboat.ps.wire import Message, WireError
 
 log = get_logger("longboat.ps")

@@ -1,21 +1,26 @@
 """``SparseEmbedding``: an embedding table that lives on the parameter servers, sharded by row id.
 
 Row ``i`` lives on server ``i % num_servers`` at local row ``i // num_servers``. A trainer
-pulls only the rows its batch uses (duplicates merged), and backward produces row-sparse
-gradients that the engine pushes; the servers update each touched row with the table's own
+pulls only the rows its batch uses (duplicates merged, ``SparseLookups``), and backward produces
+row-sparse gradients that ``SparseLookups.push`` sends; the servers update each touched row with the table's own
 optimizer (SGD, Adagrad or lazy Adam). Initial values depend only on (seed, row id), never on
 the number of servers, so ``initial_weight()`` rebuilds the whole table for a reference run.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from longboat.ps.optim import ROW_STATES
+from longboat.ps.wire import Message
+
+if TYPE_CHECKING:
+    from longboat.ps.client import Call, Client
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -112,3 +117,97 @@ class SparseEmbedding(nn.Module):
             f"{self.num_embeddings}, {self.embedding_dim}, name={self.name!r}, "
             f"optimizer={self.optimizer!r}"
         )
+
+
+class SparseLookups:
+    """A trainer's lookups of its ``tables`` on ``client``'s servers, and the pushes of the row
+    gradients they produce (the engine hands ``lookup`` to every table).
+
+    ``version()`` is the step whose update a lookup waits for (0: none); ``before()`` runs first
+    (the engine's wait for its pulls in flight); ``training()`` says whether the model records
+    gradients; ``waiting(what)`` wraps the blocking wait (the timeline records it).
+    """
+
+    def __init__(
+        self,
+        tables: list[SparseEmbedding],
+        client: Client,
+        trainer: int,
+        *,
+        version: Callable[[], int],
+        before: Callable[[], None],
+        training: Callable[[], bool],
+        waiting: Callable[[str], contextlib.AbstractContextManager[Any]],
+    ) -> None:
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"SparseEmbedding names must be unique, got {names}")
+        self.tables, self.client, self.trainer = tables, client, trainer
+        self._version, self._before, self._training = version, before, training
+        self._waiting = waiting
+        self._lookups: list[tuple[SparseEmbedding, torch.Tensor, torch.Tensor]] = []
+
+    def attach(self) -> None:
+        """Make every table look its rows up here."""
+        for t in self.tables:
+            t._lookup = self.lookup
+
+    def detach(self) -> None:
+        """Leave the tables without servers (their forward raises)."""
+        for t in self.tables:
+            t._lookup = None
+
+    def clear(self) -> None:
+        """Forget the lookups not pushed yet."""
+        self._lookups = []
+
+    def lookup(self, table: SparseEmbedding, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of ``table`` for ``ids``: pull each distinct id once, record for the push."""
+        self._before()
+        uniq, inverse = torch.unique(ids.reshape(-1).to(torch.int64), return_inverse=True)
+        servers = len(self.client)
+        version = self._version()
+        rows = torch.empty(len(uniq), table.embedding_dim, dtype=table.dtype)
+        calls = {}
+        for s in range(servers):
+            mask = uniq % servers == s
+            if bool(mask.any()):
+                meta = {"keys": [], "version": version}
+                msg = Message(meta, {f"{table.name}@ids": uniq[mask]})
+                calls[s] = (mask, self.client.start(s, "pull", msg))
+        with self._waiting("pull"):
+            for mask, call in calls.values():
+                rows[mask] = call.result().tensors[f"{table.name}@rows"]
+        if torch.is_grad_enabled() and self._training():
+            rows.requires_grad_(True)
+            self._lookups.append((table, uniq, rows))
+        return rows[inverse].reshape(*ids.shape, table.embedding_dim)
+
+    def push(self, step: int, every_server: bool) -> list[Call]:
+        """Start the pushes of the recorded lookups' row gradients (``every_server``: also an
+        empty push to servers without rows, as sync steps need one from every trainer)."""
+        lookups, self._lookups = self._lookups, []
+        if not self.tables or (not lookups and not every_server):
+            return []
+        servers = len(self.client)
+        merged: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for table in self.tables:
+            mine = [(u, r) for t, u, r in lookups if t is table]
+            ids = torch.cat([u for u, _ in mine]) if mine else torch.empty(0, dtype=torch.int64)
+            grads = [r.grad if r.grad is not None else torch.zeros_like(r) for _, r in mine]
+            dim = table.embedding_dim
+            merged[table.name] = (
+                ids,
+                torch.cat(grads) if grads else torch.empty(0, dim, dtype=table.dtype),
+            )
+        calls = []
+        for s in range(servers):
+            tensors = {}
+            for name, (ids, grads) in merged.items():
+                mask = ids % servers == s
+                if every_server or bool(mask.any()):
+                    tensors[f"{name}@ids"], tensors[f"{name}@grad"] = ids[mask], grads[mask]
+            if tensors:
+                meta = {"trainer": self.trainer, "step": step}
+                calls.append(self.client.start(s, "push", Message(meta, tensors)))
+        return calls

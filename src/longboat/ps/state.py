@@ -1,13 +1,11 @@
 """What one parameter server holds and how requests change it (no gRPC here: see server.py).
 
-Dense blocks carry their value, their optimizer and a version (updates applied). A push's
-effect depends on the block's ``update``: "optimizer" (a server-side optimizer step),
-"sum" (the value becomes the mean gradient: trainers run the optimizer), "delta" (geo: the
-value moves by the pushed delta) or "assign" (kv default: the value becomes the push). In
-sync jobs a block waits for all trainers' pushes of one step, sums them in trainer order and
-divides by the number of trainers before applying once (blocks with ``reduce="sum"``, as
-MXNet's KVStore has them, skip the division). Sparse tables are sharded by row id
-(``id % num_servers``) and updated per touched row.
+Dense blocks (``blocks.py``) carry their value, their optimizer and a version. In sync jobs a
+block waits for all trainers' pushes of one step, sums them in trainer order and divides by the
+number of trainers before applying once (blocks with ``reduce="sum"``, as MXNet's KVStore has
+them, skip the division). Sparse tables (``tables.py``) are sharded by row id
+(``id % num_servers``) and updated per touched row. Request fields are read with
+``request.py``.
 """
 
 from __future__ import annotations
@@ -17,57 +15,28 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from longboat.ps import optim, wire
-from longboat.ps.sparse import initial_rows
+from longboat.ps import wire
+from longboat.ps.blocks import (
+    REDUCES,
+    UPDATES,
+    DenseBlock,
+    apply_block,
+    block_state,
+    load_block,
+    make_block,
+)
+from longboat.ps.request import RequestError, StaleStep, meta_int, meta_list
+from longboat.ps.tables import Table, apply_rows, load_table, local_rows, make_table, table_state
 from longboat.ps.wire import Message
 
-UPDATES = ("optimizer", "sum", "delta", "assign")
-REDUCES = ("mean", "sum")
 SCOPES = ("engine", "kv")  # who says hello: lb.ps.distribute's engine, or a KVClient
 
-
-class RequestError(ValueError):
-    """A request that is well-formed on the wire but wrong for this server's state."""
-
-
-class StaleStep(RuntimeError):
-    """A sync push or pull for a step this server is not at (e.g. it restarted from a checkpoint)."""
-
-
-@dataclass
-class DenseBlock:
-    value: torch.Tensor
-    update: str
-    sync: bool
-    optimizer: str | None
-    hparams: dict[str, Any]
-    group: int = 0
-    opt: torch.optim.Optimizer | None = None
-    version: int = 0
-    pending: dict[int, torch.Tensor] = field(default_factory=dict)
-    reduce: str = "mean"  # how one step's pushes of all trainers combine (sync), or scale (async)
-    round_lr: tuple[int, Any] | None = None  # (trainer, learning rate) of this step's first push
-
-
-@dataclass
-class Table:
-    weight: torch.Tensor  # this server's rows: local row r is global id r * num_servers + index
-    optimizer: str
-    hparams: dict[str, Any]
-    sync: bool
-    state: dict[str, torch.Tensor]
-    spec: dict[str, Any]
-    version: int = 0
-    pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-           "bfloat16": torch.bfloat16}  # fmt: skip
+__all__ = ["REDUCES", "SCOPES", "UPDATES", "DenseBlock", "RequestError", "ServerState",
+           "StaleStep", "Table", "meta_int", "meta_list"]  # fmt: skip
 
 
 class ServerState:
@@ -147,7 +116,7 @@ class ServerState:
         value = tensors.get(key)
         if key in self.blocks or value is None:
             return key, None
-        return key, _make_block(key, spec, value.clone(), sync)
+        return key, make_block(key, spec, value.clone(), sync)
 
     def configure(self, msg: Message) -> Message:
         """Change the update rule (and optimizer) of existing blocks: a fresh optimizer state,
@@ -168,7 +137,7 @@ class ServerState:
             new = {}
             for spec in specs:
                 old = self.blocks[spec["key"]]
-                new[spec["key"]] = _make_block(spec["key"], spec, old.value, old.sync)
+                new[spec["key"]] = make_block(spec["key"], spec, old.value, old.sync)
                 new[spec["key"]].version = old.version
             self.blocks.update(new)  # all or none
             self.cond.notify_all()
@@ -181,31 +150,9 @@ class ServerState:
         name = spec["name"]
         if name in self.tables:
             return name, None
-        rows, dim = meta_int(spec, "rows", 0), meta_int(spec, "dim", 0)
-        dtype_name = spec.get("dtype", "float32")
-        dtype = _DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
-        if rows < 1 or dim < 1 or dtype is None:
-            raise RequestError(f"table {name!r}: need rows >= 1, dim >= 1 and a float dtype")
-        local = len(range(self.index, rows, self.num_servers))
-        opt_name = spec.get("optimizer")
-        if not isinstance(opt_name, str):
-            raise RequestError(f"table {name!r}: 'optimizer' must be a string, got {opt_name!r}")
-        states = len(optim.ROW_STATES.get(opt_name, ())) + 1
-        if local * dim * dtype.itemsize * states > self.max_table_bytes:
-            raise RequestError(f"table {name!r} needs more than {self.max_table_bytes} bytes here")
-        seed, scale = meta_int(spec, "seed", 0), spec.get("scale", 0.01)
-        if not 0 <= seed < 1 << 63:
-            raise RequestError(f"table {name!r}: 'seed' must be in [0, 2**63), got {seed}")
-        if not isinstance(scale, int | float) or not math.isfinite(scale):
-            raise RequestError(f"table {name!r}: 'scale' must be a finite number, got {scale!r}")
-        try:
-            h = optim.check_hparams(opt_name, spec.get("hparams") or {})
-            state = optim.row_state(opt_name, h, (local, dim), dtype)
-        except (ValueError, TypeError) as exc:
-            raise RequestError(f"table {name!r}: {exc}") from None
-        ids = torch.arange(self.index, rows, self.num_servers)
-        weight = initial_rows(ids, dim, seed, float(scale), dtype)
-        return name, Table(weight, opt_name, h, sync, state, dict(spec))
+        return name, make_table(
+            name, spec, sync, self.index, self.num_servers, self.max_table_bytes
+        )
 
     # ---- push -----------------------------------------------------------------------------
     def push(self, msg: Message, deadline: float | None = None) -> Message:
@@ -233,8 +180,10 @@ class ServerState:
             if deadline is not None:
                 held = [self.blocks[k] for k in dense] + [self.tables[n] for n in tables]
                 self._wait(
-                    lambda: not any(
-                        h.sync and step == h.version + 1 and trainer in h.pending for h in held
+                    lambda: (
+                        not any(
+                            h.sync and step == h.version + 1 and trainer in h.pending for h in held
+                        )
                     ),
                     deadline,
                     f"the other trainers' pushes of step {step - 1} (trainer {trainer} pushed "
@@ -281,14 +230,7 @@ class ServerState:
         return out
 
     def _local_rows(self, name: str, ids: torch.Tensor) -> torch.Tensor:
-        table = self.tables[name]
-        if ids.numel() and (
-            bool((ids % self.num_servers != self.index).any())
-            or int(ids.min()) < 0
-            or int(ids.max()) >= table.spec["rows"]
-        ):
-            raise RequestError(f"table {name!r}: ids outside server {self.index}'s shard")
-        return ids // self.num_servers
+        return local_rows(name, self.tables[name], ids, self.index, self.num_servers)
 
     def _push_block(
         self, key: str, block: DenseBlock, grad: torch.Tensor, trainer: int, step: int, lr: Any
@@ -296,7 +238,7 @@ class ServerState:
         if not block.sync:
             if block.update == "optimizer" and block.reduce == "mean":
                 grad = grad / self.trainers  # a new tensor: the wire's view is read-only
-            self._apply_block(block, grad, lr)
+            apply_block(block, grad, lr)
             return
         if step != block.version:
             raise StaleStep(
@@ -320,32 +262,15 @@ class ServerState:
             for t in range(1, self.trainers):
                 total = total + block.pending[t]
             block.pending.clear()
-            self._apply_block(block, total / self.trainers if block.reduce == "mean" else total, lr)
+            apply_block(block, total / self.trainers if block.reduce == "mean" else total, lr)
             self._bumped(block.version)
-
-    def _apply_block(self, block: DenseBlock, grad: torch.Tensor, lr: Any) -> None:
-        with torch.no_grad():
-            if block.update == "optimizer":
-                assert block.opt is not None
-                if lr is not None:
-                    block.opt.param_groups[0]["lr"] = float(lr)
-                block.value.grad = grad
-                block.opt.step()
-                block.value.grad = None
-            elif block.update == "sum":
-                block.value.copy_(grad)
-            elif block.update == "delta":
-                block.value.add_(grad)
-            else:
-                block.value.copy_(grad)
-        block.version += 1
 
     def _push_table(
         self, name: str, rows: torch.Tensor, grad: torch.Tensor, trainer: int, step: int
     ) -> None:
         table = self.tables[name]
         if not table.sync:
-            self._apply_rows(table, rows, grad, 1)
+            apply_rows(table, rows, grad, 1)
             return
         if step != table.version:
             raise StaleStep(
@@ -358,33 +283,13 @@ class ServerState:
         if len(table.pending) == self.trainers:
             parts = [table.pending[t] for t in range(self.trainers)]
             table.pending.clear()
-            self._apply_rows(
+            apply_rows(
                 table,
                 torch.cat([p[0] for p in parts]),
                 torch.cat([p[1] for p in parts]),
                 self.trainers,
             )
             self._bumped(table.version)
-
-    def _apply_rows(
-        self, table: Table, rows: torch.Tensor, grad: torch.Tensor, divisor: int
-    ) -> None:
-        unique, inverse = torch.unique(rows, return_inverse=True)
-        merged = torch.zeros(len(unique), grad.shape[1], dtype=grad.dtype)
-        merged.index_add_(0, inverse, grad)
-        if divisor != 1:
-            merged /= divisor
-        table.version += 1
-        if len(unique):
-            optim.apply_rows(
-                table.optimizer,
-                table.weight,
-                table.state,
-                unique,
-                merged,
-                table.hparams,
-                table.version,
-            )
 
     def _bumped(self, version: int) -> None:
         if (
@@ -492,33 +397,8 @@ class ServerState:
     def state_dict(self) -> dict[str, Any]:
         """Everything a restarted server needs (tensors, numbers, strings: weights_only-safe)."""
         with self.cond:
-            blocks = {}
-            for key, b in self.blocks.items():
-                blocks[key] = {
-                    "value": b.value.detach().clone(),
-                    "version": b.version,
-                    "config": json.dumps(
-                        {
-                            "group": b.group,
-                            "update": b.update,
-                            "sync": b.sync,
-                            "optimizer": b.optimizer,
-                            "hparams": b.hparams,
-                            "reduce": b.reduce,
-                        }
-                    ),
-                    "opt": b.opt.state_dict() if b.opt is not None else {},
-                }
-            tables = {
-                name: {
-                    "weight": t.weight.clone(),
-                    "version": t.version,
-                    "spec": json.dumps(t.spec),
-                    "sync": t.sync,
-                    "state": {k: v.clone() for k, v in t.state.items()},
-                }
-                for name, t in self.tables.items()
-            }
+            blocks = {key: block_state(b) for key, b in self.blocks.items()}
+            tables = {name: table_state(t) for name, t in self.tables.items()}
             return {
                 "index": self.index,
                 "num_servers": self.num_servers,
@@ -541,34 +421,8 @@ class ServerState:
             self.tables.clear()
             self.trainers, self.digest = int(state["trainers"]), str(state["digest"])
             self.settings = json.loads(state.get("settings", "{}"))
-            for key, saved in state["blocks"].items():
-                cfg = json.loads(saved["config"])
-                block = DenseBlock(
-                    saved["value"].clone(),
-                    cfg["update"],
-                    cfg["sync"],
-                    cfg["optimizer"],
-                    cfg["hparams"],
-                    cfg["group"],
-                    version=int(saved["version"]),
-                    reduce=cfg.get("reduce", "mean"),
-                )
-                if cfg["optimizer"] is not None:
-                    block.opt = optim.make_dense(cfg["optimizer"], [block.value], cfg["hparams"])
-                    block.opt.load_state_dict(saved["opt"])
-                self.blocks[key] = block
-            for name, saved in state["tables"].items():
-                spec = json.loads(saved["spec"])
-                h = optim.check_hparams(spec["optimizer"], spec.get("hparams") or {})
-                self.tables[name] = Table(
-                    saved["weight"].clone(),
-                    spec["optimizer"],
-                    h,
-                    bool(saved["sync"]),
-                    {k: v.clone() for k, v in saved["state"].items()},
-                    spec,
-                    version=int(saved["version"]),
-                )
+            self.blocks.update({k: load_block(s) for k, s in state["blocks"].items()})
+            self.tables.update({n: load_table(s) for n, s in state["tables"].items()})
             self.barriers.clear()
             self.cond.notify_all()
 
@@ -578,46 +432,3 @@ class ServerState:
             vs = [b.version for b in self.blocks.values() if b.sync]
             vs += [t.version for t in self.tables.values() if t.sync]
             return min(vs) if vs else 0
-
-
-def _make_block(key: str, spec: dict[str, Any], value: torch.Tensor, sync: bool) -> DenseBlock:
-    """A block holding ``value`` configured by ``spec`` (update, optimizer, hparams, ...)."""
-    update = spec.get("update", "optimizer")
-    if update not in UPDATES:
-        raise RequestError(f"block {key!r}: update must be one of {UPDATES}, got {update!r}")
-    reduce = spec.get("reduce", "mean")
-    if reduce not in REDUCES:
-        raise RequestError(f"block {key!r}: reduce must be one of {REDUCES}, got {reduce!r}")
-    name = spec.get("optimizer") if update == "optimizer" else None
-    if update == "optimizer" and not (isinstance(name, str) and value.is_floating_point()):
-        raise RequestError(
-            f"block {key!r}: update 'optimizer' needs an optimizer name and a floating-point "
-            f"value, got {name!r} and {value.dtype}"
-        )
-    hparams = spec.get("hparams") or {}
-    if not isinstance(hparams, dict):
-        raise RequestError(f"block {key!r}: hparams must be an object")
-    group = meta_int(spec, "group", 0)
-    if group < 0:
-        raise RequestError(f"block {key!r}: 'group' must be >= 0, got {group}")
-    block = DenseBlock(value, update, sync, name, hparams, group, reduce=reduce)
-    if name is not None:
-        try:
-            block.opt = optim.make_dense(name, [block.value], hparams)
-        except (ValueError, TypeError, IndexError, KeyError) as exc:  # torch's own checks too
-            raise RequestError(f"block {key!r}: {type(exc).__name__}: {exc}") from None
-    return block
-
-
-def meta_int(meta: dict[str, Any], key: str, default: int) -> int:
-    value = meta.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise RequestError(f"{key!r} must be an integer, got {value!r}")
-    return value
-
-
-def meta_list(meta: dict[str, Any], key: str) -> list[Any]:
-    value = meta.get(key) or []
-    if not isinstance(value, list):
-        raise RequestError(f"{key!r} must be a list")
-    return value

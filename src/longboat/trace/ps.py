@@ -137,3 +137,73 @@ def make_observer(strategy: Any, trainer: int, trainers: int, step: Callable[[],
     if not strategy.timeline:
         return None
     return PSObserver(Recorder(strategy.timeline, trainer, trainers, 0), step)
+
+
+class StallExplainer:
+    """The stall warning of a PS trainer's unanswered call (``ReplyWatch``'s ``explain``): the
+    server and endpoint, the method, the step and keys, and whom the server waits for.
+
+    ``ask(server, question)`` asks that server which trainers it still lacks ([]: it cannot
+    say); ``sync`` is whether the mode's servers combine every trainer's push per step.
+    """
+
+    def __init__(
+        self,
+        trainer: int,
+        trainers: int,
+        sync: bool,
+        step: Callable[[], int],
+        ask: Callable[[int, dict[str, Any]], list[Any]],
+    ) -> None:
+        self.trainer, self.trainers, self.sync = trainer, trainers, sync
+        self._step, self._ask = step, ask
+
+    def explain(self, call: Any, waited: float) -> str:
+        """The warning for ``call``, unanswered after ``waited`` seconds."""
+        meta = call.msg.meta if call.msg is not None else {}
+        others = [t for t in range(self.trainers) if t != self.trainer]
+        whom = self.whom(call, meta) or (
+            f"trainer {others[0]}" if len(others) == 1 else f"one or more of trainers {others}"
+        )
+        if call.method == "pull" and int(meta.get("version", 0)) > 0 and self.sync:
+            step = int(meta["version"]) - 1
+            what = f"pull of step {step}"
+            why = (
+                f"it answers once every trainer's push of step {step} reached it; this trainer "
+                f"({self.trainer}) pushed, so it waits for {whom}"
+                if others
+                else "this is the only trainer: the server is slow or stuck"
+            )
+        elif call.method in ("barrier", "restore") and others:
+            what = f"{call.method} at step {self._step()}"
+            why = (
+                f"it answers once all {self.trainers} trainers reached it; this trainer "
+                f"({self.trainer}) has, so it waits for {whom}"
+            )
+        else:
+            step = int(meta.get("step", -1)) if call.method == "push" else -1
+            what = f"push of step {step}" if step >= 0 else f"{call.method} at step {self._step()}"
+            why = (
+                f"a {call.method} does not wait for other trainers: the server is slow, stuck "
+                "or unreachable"
+            )
+        return (
+            f"trainer {self.trainer}: parameter server {call.server} ({call.endpoint}) has not "
+            f"answered {what} for keys [{shown(call.keys())}] after {waited:.1f} s; {why}"
+        )
+
+    def whom(self, call: Any, meta: dict[str, Any]) -> str:
+        """Ask the stalled call's server which trainers it still lacks ("" if it cannot say)."""
+        if call.method == "barrier":
+            question: dict[str, Any] = {"barrier": [meta.get("name", ""), meta.get("generation")]}
+        elif call.method == "pull":
+            tables = [n[:-4] for n in (call.msg.tensors if call.msg else {}) if n.endswith("@ids")]
+            question = {"keys": meta.get("keys") or [], "tables": tables,
+                        "version": meta.get("version", 0)}  # fmt: skip
+        else:
+            return ""
+        lacking = self._ask(call.server, question)
+        if not lacking:
+            return ""
+        names = ", ".join(str(t) for t in lacking)
+        return f"trainer{'s' if len(lacking) > 1 else ''} {names} (the server says)"

@@ -1,0 +1,70 @@
+"""What a trainer's parameter-server engine does (``PSConfig``) and where the job's servers
+are (``cluster_from_env``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from longboat.ps.plan import DEFAULT_MIN_BLOCK_SIZE
+
+
+@dataclass(frozen=True)
+class PSConfig:
+    """What the trainer-side engine does; ``from_strategy`` reads it off a Strategy.
+
+    ``mode`` names a registered mode (``longboat.ps.modes``): the Strategy selects sync, async,
+    half_async or geo; ``lb.ps.distribute(..., mode=name)`` overrides it, e.g. with a mode of
+    one's own.
+    """
+
+    mode: str = "sync"
+    k_steps: int = 0
+    update_on_server: bool = True
+    max_merge: int = 1
+    queue_size: int = 16
+    wait_times: int = 1
+    overlap: bool = True
+    min_block_size: int = DEFAULT_MIN_BLOCK_SIZE
+    bucket_bytes: int = 1 << 20
+
+    @classmethod
+    def from_strategy(cls, strategy: Any, **overrides: Any) -> PSConfig:
+        c = strategy.a_sync_configs
+        k = int(c["k_steps"])
+        if not strategy.a_sync:
+            if k > 0:
+                raise ValueError(
+                    f"Strategy.a_sync=False (sync) with a_sync_configs['k_steps']={k}: geo-SGD "
+                    "needs a_sync=True; set a_sync=True for geo or k_steps=0 for sync"
+                )
+            mode = "sync"
+        elif k > 0:
+            mode = "geo"
+        else:
+            mode = "half_async" if strategy.use_thread_barrier else "async"
+        cfg = cls(
+            mode=mode,
+            k_steps=k,
+            update_on_server=bool(c["update_on_server"]),
+            max_merge=int(c["max_merge_var_num"]),
+            queue_size=int(c["send_queue_size"]),
+            wait_times=int(c["send_wait_times"]),
+        )
+        return replace(cfg, **overrides)
+
+
+def cluster_from_env(env: Mapping[str, str] | None = None) -> tuple[list[str], int, int]:
+    """(server endpoints, this trainer's index, number of trainers) from the launcher's env."""
+    env = os.environ if env is None else env
+    servers = [e for e in env.get("PADDLE_PSERVERS_IP_PORT_LIST", "").split(",") if e]
+    if not servers:
+        raise ValueError(
+            "no parameter servers: PADDLE_PSERVERS_IP_PORT_LIST is not set; start with "
+            "`longboat launch --servers N --workers M train.py` or pass servers=[...]"
+        )
+    trainer = int(env.get("PADDLE_TRAINER_ID", env.get("RANK", "0")))
+    trainers = int(env.get("PADDLE_TRAINERS_NUM", env.get("WORLD_SIZE", "1")))
+    return servers, trainer, trainers

@@ -1,0 +1,91 @@
+"""Parameter-server modes, registered by name and selected by ``PSConfig.mode``.
+
+A mode is a `Mode` subclass: class attributes tell the engine what the servers do with a
+push; ``step()`` runs one optimizer step of a trainer with what `ModeContext` gives it (the
+dense parameters' pushes and pulls, the sparse tables' lookups, the step number). Adding a
+mode means adding a module with one ``@register(name)`` class, never touching the engine::
+
+    from longboat.ps.modes import Mode, register, wait_all
+
+    @register("eager_sync")
+    class EagerSync(Mode):
+        sync = True
+
+        def step(self) -> None:
+            params, step = self.ctx.params, self.ctx.step()
+            wait_all(params.push_grads(range(len(params)), step))
+            wait_all(self.ctx.sparse.push(step, every_server=True))
+            params.pull(step + 1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from longboat.ps.config import PSConfig
+from longboat.ps.params import DenseParams, wait_all
+from longboat.ps.sparse import SparseLookups
+from longboat.registry import Registry
+
+__all__ = ["Mode", "ModeContext", "get", "names", "register", "wait_all"]
+
+
+@dataclass(frozen=True)
+class ModeContext:
+    """What a mode's step works with (built by the engine once the servers are initialised)."""
+
+    cfg: PSConfig
+    params: DenseParams  # pushes and pulls of the dense parameters, pulls in flight, barrier
+    sparse: SparseLookups  # lookups of the SparseEmbedding tables and pushes of their rows
+    optimizer: torch.optim.Optimizer  # the trainer's own (geo, update_on_server=False)
+    trainers: int
+    step: Callable[[], int]  # the step being taken (0 first; the engine counts)
+    waiting: Callable[[str], contextlib.AbstractContextManager[Any]]  # a blocking wait
+    local_step: Callable[[], None]  # the trainer's optimizer step (on the timeline)
+
+
+class Mode:
+    """One mode's trainer step; subclass, set the class attributes, implement ``step``.
+
+    ``update`` is how servers apply a push to a dense block ("optimizer": the trainer's
+    optimizer runs there on the pushed gradient; "delta": the value moves by the push);
+    ``sync``: servers combine every trainer's push of a step and pulls (and sparse lookups)
+    wait for that step's result; ``trainer_optimizer``: ``update_on_server=False`` is allowed;
+    ``uses_k_steps``: ``k_steps`` is part of the trainers' agreement.
+    """
+
+    update: ClassVar[str] = "optimizer"
+    sync: ClassVar[bool] = False
+    trainer_optimizer: ClassVar[bool] = False
+    uses_k_steps: ClassVar[bool] = False
+
+    def __init__(self, ctx: ModeContext) -> None:
+        self.ctx = ctx
+
+    def step(self) -> None:
+        """One optimizer step (the engine waits for its pulls in flight first)."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Send everything queued (before ``refresh`` pulls, and at ``close``)."""
+
+    def abandon(self) -> None:
+        """Drop pushes in flight (``restore`` after a server restart)."""
+
+    def close(self) -> None:
+        """Stop background work (after ``flush``)."""
+
+
+_MODES: Registry[type[Mode]] = Registry("parameter-server mode")
+register = _MODES.register  # class decorator: selectable as PSConfig.mode = name
+names = _MODES.names
+get = _MODES.get
+
+# the built-in modes register on import of this package (not lazily on first lookup: trainers
+# of one process may look a mode up from several threads at once)
+from longboat.ps.modes import a_sync, geo, half_async, sync  # noqa: E402, F401

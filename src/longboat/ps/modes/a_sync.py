@@ -1,0 +1,58 @@
+"""``async`` (``a_sync=True``, ``k_steps`` 0 or -1): a background communicator merges and
+pushes gradients and pulls the current parameters; servers apply each push on arrival."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from longboat.ps.communicator import AsyncCommunicator
+from longboat.ps.modes import Mode, ModeContext, register
+from longboat.ps.params import wait_all
+
+
+@register("async")
+class AsyncStep(Mode):
+    """Queue the gradients; load the latest values the communicator pulled, if any."""
+
+    pull_after_send = True  # the communicator pulls after each push (half_async: the step)
+
+    def __init__(self, ctx: ModeContext) -> None:
+        super().__init__(ctx)
+        self._lock = threading.Lock()
+        self._latest: dict[str, torch.Tensor] | None = None
+        self._comm = AsyncCommunicator(
+            self._send,
+            max_merge=ctx.cfg.max_merge,
+            queue_size=ctx.cfg.queue_size,
+            wait_times=ctx.cfg.wait_times,
+            timeout=ctx.params.client.timeout,
+        )
+
+    def _send(self, grads: list[torch.Tensor]) -> None:
+        params = self.ctx.params
+        wait_all(params.push(range(len(params)), grads, -1))
+        if self.pull_after_send:
+            values = params.collect(params.start_pulls(0))
+            with self._lock:
+                self._latest = values
+
+    def _queue(self) -> None:
+        with self.ctx.waiting("send queue"):
+            self._comm.put(self.ctx.params.grads())
+        with self.ctx.waiting("push"):
+            wait_all(self.ctx.sparse.push(-1, every_server=False))
+
+    def step(self) -> None:
+        self._queue()
+        with self._lock:
+            latest, self._latest = self._latest, None
+        if latest is not None:
+            self.ctx.params.copy_in(latest)
+
+    def flush(self) -> None:
+        self._comm.flush()
+
+    def close(self) -> None:
+        self._comm.close()

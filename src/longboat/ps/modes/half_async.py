@@ -1,0 +1,21 @@
+"""``half_async`` (async plus ``use_thread_barrier=True``): the async pushes, then every step
+flushes the queue, waits at a barrier of all trainers and pulls."""
+
+from __future__ import annotations
+
+from longboat.ps.modes import register
+from longboat.ps.modes.a_sync import AsyncStep
+
+
+@register("half_async")
+class HalfAsyncStep(AsyncStep):
+    """Queue the gradients, send them all, meet the other trainers, pull."""
+
+    pull_after_send = False
+
+    def step(self) -> None:
+        self._queue()
+        with self.ctx.waiting("push"):
+            self._comm.flush()
+        self.ctx.params.barrier()
+        self.ctx.params.pull(0)

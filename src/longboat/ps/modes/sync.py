@@ -1,0 +1,60 @@
+"""``sync`` (``a_sync=False``): servers average every trainer's gradient per block and apply one
+update per step; trainers pull the result (overlapped with the next forward by default)."""
+
+from __future__ import annotations
+
+import torch
+
+from longboat.ps.communicator import HookPusher
+from longboat.ps.modes import Mode, ModeContext, register
+from longboat.ps.params import part, wait_all
+
+
+@register("sync")
+class SyncStep(Mode):
+    """Push (bucketed during backward with ``overlap``), then pull step + 1's values."""
+
+    sync = True
+    trainer_optimizer = True
+
+    def __init__(self, ctx: ModeContext) -> None:
+        super().__init__(ctx)
+        self._pusher: HookPusher | None = None
+        if ctx.cfg.overlap:
+            params = ctx.params
+            self._pusher = HookPusher(
+                [p for _, p in params.params],
+                lambda indices: params.push_grads(indices, ctx.step()),
+                ctx.cfg.bucket_bytes,
+            )
+
+    def step(self) -> None:
+        ctx, params, step = self.ctx, self.ctx.params, self.ctx.step()
+        with ctx.waiting("push"):
+            if self._pusher is not None:
+                for started in self._pusher.finish():
+                    wait_all(started.result())
+            else:
+                wait_all(params.push_grads(range(len(params)), step))
+            wait_all(ctx.sparse.push(step, every_server=True))
+        if ctx.cfg.update_on_server:
+            params.pending = params.start_pulls(step + 1)
+            if not ctx.cfg.overlap:
+                params.synchronize()
+            return
+        with ctx.waiting("pull"):
+            means = params.collect(params.start_pulls(step + 1))
+        for (_, p), blocks in zip(params.params, params.blocks, strict=True):
+            grad = torch.empty_like(p)
+            for b in blocks:
+                part(grad, b).copy_(means[b.key])
+            p.grad = grad
+        ctx.local_step()
+
+    def abandon(self) -> None:
+        if self._pusher is not None:
+            self._pusher.abandon()
+
+    def close(self) -> None:
+        if self._pusher is not None:
+            self._pusher.close()

@@ -1,0 +1,142 @@
+"""A trainer's dense parameters as the servers hold them (the sharding plan's blocks): pushes
+of gradients or deltas, pulls of values, the pulls still in flight, and the trainers' barrier."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from longboat.ps.client import Call, Client
+from longboat.ps.plan import Block, ShardingPlan
+from longboat.ps.wire import Message, chunks_by_bytes
+
+Waiting = Callable[[str], contextlib.AbstractContextManager[Any]]
+
+
+def part(t: torch.Tensor, b: Block) -> torch.Tensor:
+    """Block ``b``'s rows of tensor ``t`` (a view)."""
+    return (t.reshape(1) if t.dim() == 0 else t)[b.start : b.stop].reshape(b.shape)
+
+
+def wait_all(calls: Iterable[Call]) -> None:
+    """Wait for every call's reply (raising the first failure)."""
+    for call in calls:
+        call.result()
+
+
+class DenseParams:
+    """``params`` (name, parameter) split into ``plan``'s blocks on ``client``'s servers.
+
+    ``optimizer`` gives the learning rates every push carries; ``waiting(what)`` wraps the
+    training thread's blocking waits (the timeline records them).
+    """
+
+    def __init__(
+        self,
+        params: list[tuple[str, torch.nn.Parameter]],
+        plan: ShardingPlan,
+        client: Client,
+        optimizer: torch.optim.Optimizer,
+        trainer: int,
+        waiting: Waiting,
+    ) -> None:
+        self.params, self.plan, self.client = params, plan, client
+        self.optimizer, self.trainer, self.waiting = optimizer, trainer, waiting
+        self.blocks = [plan.of_param(n) for n, _ in params]
+        self.pending: dict[int, list[Call]] = {}  # pulls in flight, per server
+        self._chunk_bytes = client.max_bytes // 2
+        self._barrier_gen = 0
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def grads(self) -> list[torch.Tensor]:
+        """Every parameter's gradient (zeros where it has none)."""
+        return [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]
+
+    def push_grads(self, indices: Iterable[int], step: int) -> list[Call]:
+        """Start the pushes of the gradients of parameters ``indices`` for ``step``."""
+        idx = list(indices)
+        grads = [self.params[i][1].grad for i in idx]
+        tensors = [
+            g if g is not None else torch.zeros_like(self.params[i][1])
+            for i, g in zip(idx, grads, strict=True)
+        ]
+        return self.push(idx, tensors, step, aligned=True)
+
+    def push(
+        self,
+        indices: Iterable[int],
+        tensors: Sequence[torch.Tensor],
+        step: int,
+        aligned: bool = False,
+    ) -> list[Call]:
+        """Push ``tensors`` (one per index, or one per parameter unless ``aligned``)."""
+        idx = list(indices)
+        per_server: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        for j, i in enumerate(idx):
+            t = tensors[j] if aligned else tensors[i]
+            for b in self.blocks[i]:
+                per_server.setdefault(b.server, []).append((b.key, part(t, b)))
+        lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        meta = {"trainer": self.trainer, "step": step, "lrs": lrs}
+        return [
+            self.client.start(s, "push", Message(meta, dict(chunk)))
+            for s, items in per_server.items()
+            for chunk in chunks_by_bytes(
+                ((item, item[1].numel() * item[1].element_size()) for item in items),
+                self._chunk_bytes,
+            )
+        ]
+
+    def start_pulls(self, version: int) -> dict[int, list[Call]]:
+        """Start the pulls of every block, answered once it reaches ``version``."""
+        pulls: dict[int, list[Call]] = {}
+        for s in range(len(self.client)):
+            sized = [(b.key, math.prod(b.shape) * 4) for b in self.plan.of_server(s)]  # float32
+            for keys in chunks_by_bytes(sized, self._chunk_bytes):
+                meta = {"keys": keys, "version": version}
+                pulls.setdefault(s, []).append(self.client.start(s, "pull", Message(meta)))
+        return pulls
+
+    @staticmethod
+    def collect(pulls: Mapping[int, list[Call]]) -> dict[str, torch.Tensor]:
+        """The values of ``pulls`` by block key (waits for them)."""
+        out: dict[str, torch.Tensor] = {}
+        for calls in pulls.values():
+            for call in calls:
+                out.update(call.result().tensors)
+        return out
+
+    def copy_in(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Write block ``values`` into the parameters."""
+        with torch.no_grad():
+            for (_, p), blocks in zip(self.params, self.blocks, strict=True):
+                for b in blocks:
+                    if b.key in values:
+                        part(p.data, b).copy_(values[b.key])
+
+    def pull(self, version: int) -> None:
+        """Pull every block at ``version`` into the parameters."""
+        with self.waiting("pull"):
+            values = self.collect(self.start_pulls(version))
+        self.copy_in(values)
+
+    def synchronize(self) -> None:
+        """Wait for the pulls still in flight and write them into the parameters."""
+        pending, self.pending = self.pending, {}
+        if pending:
+            with self.waiting("pull"):
+                values = self.collect(pending)
+            self.copy_in(values)
+
+    def barrier(self) -> None:
+        """Wait until every trainer reached its next barrier."""
+        self._barrier_gen += 1
+        meta = {"trainer": self.trainer, "name": "", "generation": self._barrier_gen}
+        with self.waiting("barrier"):
+            self.client.call_all("barrier", {s: Message(meta) for s in range(len(self.client))})

@@ -1,0 +1,38 @@
+"""A toy parameter-server mode for tests: sync, counting its steps; registered on demand."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from longboat.ps import modes
+from longboat.ps.modes.sync import SyncStep
+
+NAME = "counting_sync"
+
+
+class CountingSync(SyncStep):
+    """The sync step, counting how often it ran."""
+
+    def __init__(self, ctx: modes.ModeContext) -> None:
+        super().__init__(ctx)
+        self.steps = 0
+
+    def step(self) -> None:
+        super().step()
+        self.steps += 1
+
+
+def unregister(name: str) -> None:
+    """Remove mode ``name`` (``Registry`` has no unregister; tests only)."""
+    modes._MODES._factories.pop(name, None)
+
+
+@contextlib.contextmanager
+def registered() -> Iterator[type[CountingSync]]:
+    """``CountingSync`` selectable as ``mode=NAME`` inside the block."""
+    modes.register(NAME)(CountingSync)
+    try:
+        yield CountingSync
+    finally:
+        unregister(NAME)
