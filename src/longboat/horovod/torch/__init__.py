@@ -44,7 +44,6 @@ from longboat.horovod.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from longboat.horovod.torch.negotiation import HorovodInternalError, ReduceOp
 from longboat.horovod.torch.ops import (
     Adasum,
     Average,
@@ -53,31 +52,36 @@ from longboat.horovod.torch.ops import (
     ProcessSet,
     Product,
     Sum,
-    allgather,
-    allgather_async,
+    barrier,
+    global_process_set,
+    join,
+    poll,
+    synchronize,
+)
+from longboat.horovod.torch.optimizer import DistributedOptimizer
+from longboat.horovod.torch.reductions import (
     allreduce,
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    alltoall,
-    alltoall_async,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    global_process_set,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
-    join,
-    poll,
+)
+from longboat.horovod.torch.requests import HorovodInternalError, ReduceOp
+from longboat.horovod.torch.scatter_gather import (
+    allgather,
+    allgather_async,
+    alltoall,
+    alltoall_async,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
     reducescatter,
     reducescatter_async,
-    synchronize,
 )
-from longboat.horovod.torch.optimizer import DistributedOptimizer
 
 __all__ = [
     "Adasum",

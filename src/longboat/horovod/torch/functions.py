@@ -17,15 +17,9 @@ from typing import Any
 import torch
 
 from longboat.horovod.torch import basics
-from longboat.horovod.torch.ops import (
-    ProcessSet,
-    allgather,
-    broadcast_,
-    broadcast_async_,
-    global_process_set,
-    synchronize,
-)
+from longboat.horovod.torch.ops import ProcessSet, global_process_set, synchronize
 from longboat.horovod.torch.optimizer import local_step
+from longboat.horovod.torch.scatter_gather import allgather, broadcast_, broadcast_async_
 
 _REFUSED = -1
 

@@ -34,125 +34,39 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
-from enum import IntEnum
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from longboat.collective.buckets import GradSpec, plan_buckets
-from longboat.collective.consistency import broadcast_state
+from longboat.collective.buckets import MB
 from longboat.comm import algorithms
 from longboat.comm.exchange import allgather_bytes
+from longboat.comm.groups import make_communicators
+from longboat.horovod.torch.execution import Collectives
+from longboat.horovod.torch.requests import (
+    ALLGATHER,
+    ALLREDUCE,
+    ALLTOALL,
+    BARRIER,
+    BROADCAST,
+    REDUCESCATTER,
+    HorovodInternalError,
+    ReduceOp,
+    Request,
+    Response,
+    Work,
+    mismatch,
+    scatter_rows,
+)
 
 log = logging.getLogger("longboat.horovod")
 
-MB = 1024 * 1024
 DEFAULT_FUSION_BYTES = 64 * MB
 DEFAULT_CYCLE_MS = 1.0
 DEFAULT_CACHE_CAPACITY = 1024
 DEFAULT_STALL_WARNING_S = 60.0
-
-
-class HorovodInternalError(RuntimeError):
-    """A collective failed: mismatched requests, a dead or stalled peer, or shutdown."""
-
-
-class ReduceOp(IntEnum):
-    """Horovod's reduction ops (same numbering as Horovod's)."""
-
-    Average = 0
-    Sum = 1
-    Adasum = 2
-    Min = 3
-    Max = 4
-    Product = 5
-
-
-_TORCH_OPS = {
-    ReduceOp.Min: dist.ReduceOp.MIN,
-    ReduceOp.Max: dist.ReduceOp.MAX,
-    ReduceOp.Product: dist.ReduceOp.PRODUCT,
-}
-
-ALLREDUCE, ALLGATHER, BROADCAST = "ALLREDUCE", "ALLGATHER", "BROADCAST"
-ALLTOALL, REDUCESCATTER, BARRIER = "ALLTOALL", "REDUCESCATTER", "BARRIER"
-
-
-@dataclass(frozen=True)
-class Request:
-    """What one rank asks for under one name; compared across ranks before anything runs."""
-
-    name: str
-    kind: str
-    dtype: str = ""
-    shape: tuple[int, ...] = ()
-    device: str = "cpu"
-    op: int = int(ReduceOp.Sum)
-    prescale: float = 1.0
-    postscale: float = 1.0
-    root: int = -1
-    splits: tuple[int, ...] = ()
-
-    def record(self) -> list[Any]:
-        return [
-            self.name,
-            self.kind,
-            self.dtype,
-            list(self.shape),
-            self.device,
-            self.op,
-            self.prescale,
-            self.postscale,
-            self.root,
-            list(self.splits),
-        ]
-
-    @classmethod
-    def from_record(cls, r: Sequence[Any]) -> Request:
-        name, kind, dtype, shape, device, op, pre, post, root, splits = r
-        return cls(
-            str(name),
-            str(kind),
-            str(dtype),
-            tuple(int(s) for s in shape),
-            str(device),
-            int(op),
-            float(pre),
-            float(post),
-            int(root),
-            tuple(int(s) for s in splits),
-        )
-
-    @classmethod
-    def of(cls, name: str, kind: str, tensor: torch.Tensor | None, **extra: Any) -> Request:
-        if tensor is None:
-            return cls(name, kind, **extra)
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        return cls(name, kind, dtype, tuple(tensor.shape), tensor.device.type, **extra)
-
-
-class Work:
-    """One submitted collective on this rank: its request, tensors and eventual result."""
-
-    def __init__(self, request: Request, tensor: torch.Tensor | None, output: Any = None):
-        self.request = request
-        self.tensor = tensor
-        self.output = output
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def finish(self, result: Any) -> None:
-        self.result = result
-        self.done.set()
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
 
 
 @dataclass
@@ -164,65 +78,8 @@ class Stats:
     cached_requests: int = 0
 
 
-def _shape(shape: Sequence[int]) -> str:
-    return "[" + ", ".join(map(str, shape)) + "]"
-
-
-def _disagreement(what: str, values: dict[int, Any], show: Callable[[Any], str] = str) -> str:
-    """'rank 0 sent X, rank 1 sent Y' for ranks whose value differs from the first rank's."""
-    first = next(iter(values))
-    parts = [f"rank {first} sent {show(values[first])}"]
-    parts += [f"rank {r} sent {show(v)}" for r, v in values.items() if v != values[first]]
-    return f"{what}: " + ", ".join(parts)
-
-
-def mismatch(name: str, requests: dict[int, Request]) -> str | None:
-    """Why the ranks' requests under ``name`` cannot run together, or None."""
-    kinds = {r: q.kind for r, q in requests.items()}
-    if len(set(kinds.values())) > 1:
-        return _disagreement(f"Mismatched collective operations for {name!r}", kinds)
-    kind = next(iter(kinds.values()))
-    if kind == BARRIER:
-        return None
-    checks: list[tuple[str, Callable[[Request], Any], Callable[[Any], str]]] = [
-        ("data types", lambda q: q.dtype, str),
-        ("devices", lambda q: q.device, str),
-    ]
-    if kind in (ALLGATHER, ALLTOALL):
-        checks.append(("tensor ranks", lambda q: len(q.shape), str))
-        checks.append(
-            ("tensor shapes (all dimensions but the first)", lambda q: q.shape[1:], _shape)
-        )
-    else:
-        checks.append(("tensor shapes", lambda q: q.shape, _shape))
-    if kind in (ALLREDUCE, REDUCESCATTER):
-        checks.append(("reduction ops", lambda q: ReduceOp(q.op).name, str))
-        checks.append(("prescale factors", lambda q: q.prescale, str))
-        checks.append(("postscale factors", lambda q: q.postscale, str))
-    if kind == BROADCAST:
-        checks.append(("root ranks", lambda q: q.root, str))
-    for label, key, show in checks:
-        values = {r: key(q) for r, q in requests.items()}
-        if len({repr(v) for v in values.values()}) > 1:
-            return _disagreement(f"Mismatched {kind} {label} for {name!r}", values, show) + (
-                f". Every rank must submit the same {kind.lower()} under one name; "
-                "rename one of them or fix the tensor"
-            )
-    return None
-
-
-@dataclass
-class _Response:
-    name: str
-    requests: dict[int, Request]
-    error: str | None
-
-    @property
-    def first(self) -> Request:
-        return next(iter(self.requests.values()))
-
-
 def env_float(name: str, default: float) -> float:
+    """``name``'s value as a float, ``default`` when unset or empty."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -232,7 +89,7 @@ def env_float(name: str, default: float) -> float:
         raise ValueError(f"{name}={raw!r} is not a number") from None
 
 
-class Controller:
+class Controller(Collectives):
     """The per-rank negotiation thread and the collectives it runs; see the module docstring."""
 
     def __init__(self, rank: int, world: int, timeout_s: float, algorithm: str = "native"):
@@ -243,9 +100,7 @@ class Controller:
         self.cycle_s = env_float("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_MS) / 1000.0
         self.cache_capacity = int(env_float("HOROVOD_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY))
         self.stall_s = env_float("HOROVOD_STALL_CHECK_TIME_SECONDS", DEFAULT_STALL_WARNING_S)
-        wait = timedelta(seconds=timeout_s)
-        self.control = dist.new_group(timeout=wait)  # collective: every rank, same order
-        self.data = dist.new_group(timeout=wait)
+        self.control, self.data = make_communicators(2)  # bounded by the job's timeout
         self._sum = algorithms.make(algorithm, self.data)
         # torch's current CUDA device is per thread: the negotiation thread adopts this one
         nccl = dist.get_backend(self.data) == "nccl"
@@ -365,6 +220,7 @@ class Controller:
                 gathered = [json.loads(b) for b in allgather_bytes(record, self.control)]
                 self.stats.cycles += 1
                 self._execute(self._resolve(gathered))
+                self._finish_join()
         except BaseException as exc:  # noqa: BLE001 - delivered to every waiting handle
             self._fail_all(
                 HorovodInternalError(
@@ -399,7 +255,7 @@ class Controller:
                 self.stats.cached_requests += 1
         return json.dumps({"q": entries, "j": int(join)}, separators=(",", ":")).encode()
 
-    def _resolve(self, gathered: list[dict[str, Any]]) -> list[_Response]:
+    def _resolve(self, gathered: list[dict[str, Any]]) -> list[Response]:
         """Update the shared table from every rank's record; the responses now ready."""
         now = time.monotonic()
         with self._cv:
@@ -423,7 +279,7 @@ class Controller:
                 error = mismatch(name, requests)
                 if error is None:
                     self._remember(requests)
-                responses.append(_Response(name, requests, error))
+                responses.append(Response(name, requests, error))
             self._warn_stalled(now)
         return responses
 
@@ -464,27 +320,6 @@ class Controller:
         else:
             work.finish(result)
 
-    def _execute(self, responses: list[_Response]) -> None:
-        allreduces: dict[tuple[Any, ...], list[_Response]] = {}
-        broadcasts: dict[int, list[_Response]] = {}
-        for resp in responses:
-            q = resp.first
-            if resp.error is not None:
-                self._done(resp.name, error=HorovodInternalError(resp.error))
-            elif q.kind == ALLREDUCE:
-                key = (q.dtype, q.device, q.op, q.prescale, q.postscale)
-                allreduces.setdefault(key, []).append(resp)
-            elif q.kind == BROADCAST:
-                broadcasts.setdefault(q.root, []).append(resp)
-        for group in allreduces.values():
-            self._allreduce(group)
-        for root, group in broadcasts.items():
-            self._broadcast(root, group)
-        for resp in responses:
-            if resp.error is None and resp.first.kind not in (ALLREDUCE, BROADCAST):
-                getattr(self, "_" + resp.first.kind.lower())(resp)
-        self._finish_join()
-
     def _finish_join(self) -> None:
         with self._cv:
             if len(self._joined) < self.world:
@@ -495,113 +330,6 @@ class Controller:
             self._join_sent = False
         if work is not None:
             work.finish(last)
-
-    # -- the collectives -------------------------------------------------------------------------
-
-    def _input(self, resp: _Response) -> torch.Tensor:
-        """This rank's tensor for ``resp``; zeros shaped like the others' on a joined rank."""
-        work = self._local(resp.name)
-        if work is not None and work.tensor is not None:
-            return work.tensor
-        q = resp.first
-        device = torch.device(q.device)
-        if device.type == "cuda":
-            device = torch.device("cuda", torch.cuda.current_device())
-        shape = q.shape if q.kind != ALLGATHER else (0, *q.shape[1:])
-        return torch.zeros(shape, dtype=getattr(torch, q.dtype), device=device)
-
-    def _start_reduce(self, flat: torch.Tensor, op: int) -> Any:
-        if op in (ReduceOp.Sum, ReduceOp.Average):
-            return self._sum(flat)
-        return dist.all_reduce(flat, op=_TORCH_OPS[ReduceOp(op)], group=self.data, async_op=True)
-
-    def _finish_reduce(self, flat: torch.Tensor, q: Request) -> None:
-        if q.op == ReduceOp.Average:
-            if flat.is_floating_point() or flat.is_complex():
-                flat.mul_(q.postscale / self.world)
-                return
-            flat.div_(self.world, rounding_mode="floor")
-        if q.postscale != 1.0:
-            flat.mul_(q.postscale)
-
-    def _allreduce(self, group: list[_Response]) -> None:
-        """Fused allreduce of responses that share dtype, device, op and scale factors."""
-        q = group[0].first
-        inputs = [self._input(resp) for resp in group]
-        specs = [
-            GradSpec(i, resp.name, t.numel(), t.dtype, t.device, resp.name)
-            for i, (resp, t) in enumerate(zip(group, inputs, strict=True))
-        ]
-        cap_mb = max(self.fusion_bytes, 1) / MB
-        plan = plan_buckets(
-            specs,
-            fuse=self.fusion_bytes > 0,
-            cap_mb=cap_mb,
-            max_layers=len(specs) + 1,
-            last_cap_mb=cap_mb,
-        )
-        launched = []
-        for bucket in plan.buckets:
-            members = sorted(bucket)
-            flat = torch.cat([inputs[i].reshape(-1) for i in members])  # a copy, always
-            if q.prescale != 1.0:
-                flat.mul_(q.prescale)
-            launched.append((members, flat, self._start_reduce(flat, q.op)))
-        for members, flat, handle in launched:
-            handle.wait()
-            self._finish_reduce(flat, q)
-            pieces = flat.split([inputs[i].numel() for i in members])
-            for i, piece in zip(members, pieces, strict=True):
-                work = self._local(group[i].name)
-                if work is not None:
-                    out = work.output
-                    out.copy_(piece.view_as(out))
-                    self._done(group[i].name, out)
-
-    def _broadcast(self, root: int, group: list[_Response]) -> None:
-        tensors = []
-        for resp in group:
-            work = self._local(resp.name)
-            tensors.append(work.output if work is not None else self._input(resp))
-        broadcast_state(tensors, group=self.data, src=root, coalesce=True)
-        for resp, tensor in zip(group, tensors, strict=True):
-            self._done(resp.name, tensor)
-
-    def _allgather(self, resp: _Response) -> None:
-        mine = self._input(resp)
-        rows = [resp.requests[r].shape[0] if r in resp.requests else 0 for r in range(self.world)]
-        padded = mine.new_zeros((max(rows), *mine.shape[1:]))
-        padded[: mine.shape[0]] = mine
-        gathered = [torch.empty_like(padded) for _ in range(self.world)]
-        dist.all_gather(gathered, padded, group=self.data)
-        self._done(resp.name, torch.cat([g[:n] for g, n in zip(gathered, rows, strict=True)]))
-
-    def _alltoall(self, resp: _Response) -> None:
-        work = self._local(resp.name)
-        mine = self._input(resp)
-        send = list(resp.requests[self.rank].splits) if work is not None else [0] * self.world
-        recv = [
-            resp.requests[r].splits[self.rank] if r in resp.requests else 0
-            for r in range(self.world)
-        ]
-        out = mine.new_empty((sum(recv), *mine.shape[1:]))
-        dist.all_to_all_single(out, mine.contiguous(), recv, send, group=self.data)
-        self._done(resp.name, (out, torch.tensor(recv, dtype=torch.int32)))
-
-    def _reducescatter(self, resp: _Response) -> None:
-        q = resp.first
-        flat = self._input(resp).reshape(-1).clone()
-        if q.prescale != 1.0:
-            flat.mul_(q.prescale)
-        self._start_reduce(flat, q.op).wait()
-        self._finish_reduce(flat, q)
-        rows = scatter_rows(q.shape[0], self.world)
-        start = sum(rows[: self.rank])
-        full = flat.view(q.shape)
-        self._done(resp.name, full[start : start + rows[self.rank]].clone())
-
-    def _barrier(self, resp: _Response) -> None:
-        self._done(resp.name, None)  # every rank submitted it: that is the barrier
 
     def _fail_all(self, error: HorovodInternalError, broken: bool = False) -> None:
         with self._cv:
@@ -615,6 +343,19 @@ class Controller:
             work.fail(error)
 
 
-def scatter_rows(rows: int, world: int) -> list[int]:
-    """Rows of a reducescatter per rank: an even split, the first ranks one more (Horovod)."""
-    return [rows // world + (1 if r < rows % world else 0) for r in range(world)]
+__all__ = [
+    "ALLGATHER",
+    "ALLREDUCE",
+    "ALLTOALL",
+    "BARRIER",
+    "BROADCAST",
+    "MB",
+    "REDUCESCATTER",
+    "Controller",
+    "HorovodInternalError",
+    "ReduceOp",
+    "Request",
+    "Work",
+    "env_float",
+    "scatter_rows",
+]
