@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("longboat.tools.doctor", "check this machine and cluster for distributed training"),
     "bench": ("longboat.tools.bench", "benchmark allreduce (comm) or training throughput (train)"),
     "timeline": ("longboat.tools.timeline_cli", "overlap statistics and picture of a trace"),
+    "sim": ("longboat.sim.cli", "predict step time, scaling and the best Strategy for a cluster"),
 }
 
 

@@ -1,0 +1,243 @@
+"""`longboat sim`: predict step time, scaling and the best Strategy before booking a cluster.
+
+longboat sim profile --model resnet -o resnet.json          # measure the model here
+longboat sim calibrate [--emulate 1gbit] -o here.yaml        # fit this machine's links
+longboat sim predict --profile resnet.json --cluster c.yaml  # step time, sweep, plot
+    [--strategy s.yaml] [--set nccl_comm_num=2] [--max-devices 4096] [--png eff.png]
+    [--recommend [--lossy] [--write best.yaml]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from longboat.sim import cluster as cluster_mod
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="sim_command", required=True, metavar="STEP")
+    prof = sub.add_parser("profile", help="measure a model's per-parameter compute profile here")
+    _model_args(prof)
+    prof.add_argument("--repeats", type=int, default=10, help="timed steps (default 10)")
+    prof.add_argument("--warmup", type=int, default=3, help="discarded steps (default 3)")
+    prof.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    prof.add_argument("--amp", action="store_true", help="forward under bfloat16 autocast")
+    prof.add_argument("-o", "--output", required=True, help="profile JSON to write")
+    cal = sub.add_parser(
+        "calibrate", help="fit link parameters to this machine (and emulated links)"
+    )
+    cal.add_argument("--nproc", type=int, default=2, help="local ranks (default 2)")
+    cal.add_argument(
+        "--emulate",
+        default=None,
+        metavar="RATE",
+        help="also measure two emulated nodes at this tc rate (root), e.g. 1gbit",
+    )
+    cal.add_argument("--repeats", type=int, default=7, help="timed repeats per size (default 7)")
+    cal.add_argument("-o", "--output", required=True, help="cluster YAML to write")
+    pred = sub.add_parser("predict", help="step time, scaling sweep, plot and --recommend")
+    src = pred.add_mutually_exclusive_group(required=True)
+    src.add_argument("--profile", help="a profile JSON from `longboat sim profile`")
+    _model_args(pred, group=src)
+    _cluster_args(pred)
+    pred.add_argument("--strategy", default=None, help="Strategy YAML/JSON (as for training)")
+    pred.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a Strategy field (YAML value), repeatable",
+    )
+    pred.add_argument(
+        "--max-devices",
+        type=int,
+        default=None,
+        help="sweep N = 1, 2, 4 ... up to this (default: the cluster's devices)",
+    )
+    pred.add_argument("--png", default=None, help="plot scaling efficiency vs devices")
+    pred.add_argument("--json", default=None, help="write predictions as JSON")
+    pred.add_argument(
+        "--recommend", action="store_true", help="search Strategy settings for the lowest step time"
+    )
+    pred.add_argument(
+        "--lossy", action="store_true", help="with --recommend: also PowerSGD, DGC, local SGD"
+    )
+    pred.add_argument("--top", type=int, default=5, help="with --recommend: rows shown (default 5)")
+    pred.add_argument(
+        "--write",
+        default=None,
+        metavar="FILE",
+        help="with --recommend: write the best Strategy YAML",
+    )
+
+
+def _model_args(p: argparse.ArgumentParser, group: Any = None) -> None:
+    (group or p).add_argument(
+        "--model",
+        required=group is None,
+        help="a `longboat bench` model (mlp, convnet, resnet, transformer, ...) or pkg.module:factory",
+    )
+    p.add_argument("--batch", type=int, default=None, help="batch per rank (default: the model's)")
+    p.add_argument(
+        "--input-shape",
+        default=None,
+        help="one sample's shape for pkg.module:factory, e.g. 3,224,224",
+    )
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", default=None, help="cluster YAML (see docs/sim.md)")
+    p.add_argument("--nodes", type=int, default=None)
+    p.add_argument("--devices-per-node", type=int, default=None)
+    p.add_argument("--device", default=None, help="cpu (profile as measured), V100, A100, H100")
+    p.add_argument("--intra-kind", default=None, choices=cluster_mod.INTRA_KINDS)
+    p.add_argument("--intra-bandwidth", default=None, help="e.g. 300GB/s")
+    p.add_argument("--intra-latency", default=None, help="e.g. 3us")
+    p.add_argument("--inter-bandwidth", default=None, help="per NIC, e.g. 100gbit")
+    p.add_argument("--inter-latency", default=None, help="e.g. 5us")
+    p.add_argument("--nics-per-node", type=int, default=None)
+    p.add_argument("--ps-servers", type=int, default=None, help="parameter servers (ps section)")
+
+
+def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
+    """The ``--cluster`` file with the flags on top (flags alone need nodes and devices)."""
+    if args.cluster:
+        data = cluster_mod.load(args.cluster).to_dict()
+    else:
+        data = {"nodes": 1, "devices_per_node": 1}
+        if args.device is None:
+            data["device"] = "cpu"
+    for key in ("nodes", "devices_per_node", "device"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    if args.device is not None and not args.cluster:
+        data.pop("intra", None)
+    intra = dict(data.get("intra") or {})
+    inter = dict(data.get("inter") or {})
+    for flag, target, key in (
+        ("intra_kind", intra, "kind"),
+        ("intra_bandwidth", intra, "bandwidth"),
+        ("intra_latency", intra, "latency"),
+        ("inter_bandwidth", inter, "bandwidth"),
+        ("inter_latency", inter, "latency"),
+        ("nics_per_node", inter, "nics_per_node"),
+    ):
+        if getattr(args, flag) is not None:
+            target[key] = getattr(args, flag)
+    if intra:
+        data["intra"] = intra
+    if inter:
+        data["inter"] = inter
+    if args.ps_servers:
+        data["ps"] = dict(data.get("ps") or {}) | {"servers": args.ps_servers}
+    return cluster_mod.from_dict(data, where=args.cluster or "flags")
+
+
+def _strategy(path: str | None, sets: list[str]) -> Any:
+    from longboat.strategy import Strategy
+    from longboat.tools.bench.train import strategy_fields
+
+    return Strategy(**strategy_fields(path, sets))
+
+
+def _profile(args: argparse.Namespace, show: bool) -> Any:
+    from longboat.sim import measure, profile
+    from longboat.tools.progress import progress
+
+    if getattr(args, "profile", None):
+        return profile.load(args.profile)
+    shape = [int(d) for d in args.input_shape.split(",")] if args.input_shape else None
+    name, model, batch = measure.load_model(args.model, args.batch, shape)
+    repeats, warmup = getattr(args, "repeats", 10), getattr(args, "warmup", 3)
+    with progress("sim profile", repeats + warmup, show) as done:
+        return measure.measure(
+            name,
+            model,
+            batch,
+            repeats,
+            warmup,
+            getattr(args, "threads", 1),
+            getattr(args, "amp", False),
+            done,
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    from longboat.sim import report
+
+    try:
+        if args.sim_command == "profile":
+            prof = _profile(args, True)
+            prof.save(args.output)
+            report.profile_summary(prof, args.output)
+            return 0
+        if args.sim_command == "calibrate":
+            from longboat.sim.calibrate import calibrate
+
+            fitted = calibrate(args.nproc, args.emulate, args.repeats)
+            cluster_mod.save(fitted, args.output)
+            report.cluster_summary(fitted, args.output)
+            return 0
+        return _predict(args)
+    except (ValueError, RuntimeError) as exc:
+        print(f"longboat sim: {exc}", file=sys.stderr)
+        return 2
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from longboat.sim import report
+    from longboat.sim.predict import simulate
+    from longboat.sim.recommend import recommend, to_yaml
+    from longboat.sim.sweep import device_counts, plot, sweep
+
+    prof = _profile(args, True)
+    cl = cluster_from_args(args)
+    strategy = _strategy(args.strategy, args.set)
+    here = simulate(prof, cl, strategy)
+    report.breakdown(prof, cl, here)
+    max_devices = args.max_devices or cl.world
+    big = (
+        cl
+        if max_devices <= cl.world
+        else dataclasses.replace(cl, nodes=-(-max_devices // cl.devices_per_node))
+    )
+    points = sweep(prof, big, strategy, device_counts(cl, max_devices))
+    report.sweep_table(points, prof.model)
+    out: dict[str, Any] = {
+        "profile": prof.model,
+        "cluster": cl.to_dict(),
+        "prediction": here.to_dict(),
+        "sweep": [
+            p.prediction.to_dict() | {"speedup": p.speedup, "efficiency": p.efficiency}
+            for p in points
+        ],
+    }
+    series = {"strategy": points}
+    if args.recommend:
+        choices = recommend(prof, cl, args.lossy, args.top)
+        report.recommend_table(choices, here)
+        best = choices[0]
+        text = to_yaml(
+            best,
+            f"longboat sim --recommend: {prof.model} on {cl.world} device(s), predicted {best.prediction.step_s * 1e3:.3f} ms/step",
+        )
+        print(text)
+        if args.write:
+            with open(args.write, "w") as f:
+                f.write(text)
+            from longboat.strategy import Strategy
+
+            Strategy.load(args.write)
+        out["recommendation"] = {"fields": best.fields, "prediction": best.prediction.to_dict()}
+        series["recommended"] = sweep(prof, big, best.strategy, device_counts(cl, max_devices))
+    if args.png:
+        plot(series, args.png, f"{prof.model}: predicted scaling efficiency")
+        print(f"plot: {args.png}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0

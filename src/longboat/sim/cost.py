@@ -1,0 +1,123 @@
+"""Alpha-beta cost of one collective, per algorithm, as (latency, bandwidth) seconds.
+
+A collective of S bytes over n ranks (M nodes of L ranks) costs ``steps * alpha`` of latency
+(not shared between concurrent collectives) plus ``bytes / rate`` of link time (shared by the
+collectives in flight at the same moment, see `longboat.sim.timeline`):
+
+* ``ring``: ``2 (n-1)`` steps, ``2 (n-1)/n * S`` bytes on the slowest link of the ring;
+* ``native``: the backend's allreduce, modelled as halving-doubling / tree: ``2 ceil(log2 n)``
+  steps, the ring's ``2 (n-1)/n * S`` bytes;
+* ``hierarchical``: intra-node reduce-scatter, ``native`` inter-node allreduce of S/L bytes on
+  each of L groups sharing the node's NICs, intra-node all-gather. With ``shm``/``loopback``
+  intra links (CPU) each intra stage is a shared-memory allreduce, as longboat runs it;
+* ``shm`` (one node): ``shm_passes * S * L`` bytes through the memory bandwidth.
+
+Across nodes the ring's link is ``min(intra rate, inter rate * min(NICs, L))`` (one ring per
+NIC). Calibrated per-algorithm corrections add a fixed overhead per call and scale bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+
+from longboat.sim.cluster import Cluster
+
+Parts = tuple[float, float]  # (latency seconds, link seconds)
+
+
+class CostError(ValueError):
+    """An algorithm that does not apply to the cluster."""
+
+
+def _log2(n: int) -> int:
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+def ring(nbytes: float, n: int, alpha: float, rate: float) -> Parts:
+    """Ring allreduce of ``nbytes`` over ``n`` ranks on one kind of link."""
+    if n <= 1:
+        return 0.0, 0.0
+    return 2 * (n - 1) * alpha, 2 * (n - 1) / n * nbytes / rate
+
+
+def tree(nbytes: float, n: int, alpha: float, rate: float) -> Parts:
+    """The backend's allreduce: ``2 ceil(log2 n)`` latency steps, ring bandwidth."""
+    if n <= 1:
+        return 0.0, 0.0
+    return 2 * _log2(n) * alpha, 2 * (n - 1) / n * nbytes / rate
+
+
+def half_ring(nbytes: float, n: int, alpha: float, rate: float) -> Parts:
+    """Reduce-scatter or all-gather: half of a ring allreduce."""
+    lat, bw = ring(nbytes, n, alpha, rate)
+    return lat / 2, bw / 2
+
+
+def shm(nbytes: float, local: int, cluster: Cluster) -> Parts:
+    """Shared-memory allreduce among ``local`` ranks of one node."""
+    if local <= 1:
+        return 0.0, 0.0
+    return 0.0, cluster.shm_passes * nbytes * local / cluster.mem_bw
+
+
+def flat_link(cluster: Cluster) -> tuple[float, float]:
+    """(alpha, rate) of a collective over every rank of the cluster."""
+    if cluster.nodes == 1:
+        return cluster.intra.latency, cluster.intra.rate
+    nics = min(cluster.inter.nics_per_node, cluster.devices_per_node)
+    rate = min(cluster.intra.rate, cluster.inter.rate * nics)
+    return max(cluster.intra.latency, cluster.inter.latency), rate
+
+
+def _intra_stage(nbytes: float, cluster: Cluster) -> Parts:
+    local = cluster.devices_per_node
+    if cluster.intra.kind in ("shm", "loopback"):
+        return shm(nbytes, local, cluster)
+    return half_ring(nbytes, local, cluster.intra.latency, cluster.intra.rate)
+
+
+def applicable(algorithm: str, cluster: Cluster) -> bool:
+    if algorithm == "shm":
+        return cluster.nodes == 1 and cluster.intra.kind in ("shm", "loopback")
+    return algorithm in ("native", "ring", "hierarchical")
+
+
+def allreduce(nbytes: float, cluster: Cluster, algorithm: str = "native") -> Parts:
+    """(latency, link) seconds of one allreduce of ``nbytes`` over the whole cluster."""
+    n, local, nodes = cluster.world, cluster.devices_per_node, cluster.nodes
+    if n <= 1 or nbytes <= 0:
+        return 0.0, 0.0
+    if not applicable(algorithm, cluster):
+        raise CostError(f"allreduce algorithm {algorithm!r} does not apply to {nodes} node(s)")
+    if algorithm == "shm":
+        lat, bw = shm(nbytes, local, cluster)
+    elif algorithm == "hierarchical" and nodes > 1 and local > 1:
+        intra = _intra_stage(nbytes, cluster)
+        share = min(cluster.inter.nics_per_node, local) / local
+        inter = tree(nbytes / local, nodes, cluster.inter.latency, cluster.inter.rate * share)
+        lat, bw = 2 * intra[0] + inter[0], 2 * intra[1] + inter[1]
+    elif algorithm == "hierarchical" and nodes == 1:  # one node: the intra-node allreduce
+        if cluster.intra.kind in ("shm", "loopback"):
+            lat, bw = shm(nbytes, local, cluster)
+        else:
+            lat, bw = ring(nbytes, local, cluster.intra.latency, cluster.intra.rate)
+    else:
+        alpha, rate = flat_link(cluster)
+        lat, bw = (ring if algorithm == "ring" else tree)(nbytes, n, alpha, rate)
+    cost = cluster.cost(algorithm)
+    return lat + cost.overhead, bw / cost.bandwidth_efficiency
+
+
+def allgather(nbytes_per_rank: float, cluster: Cluster) -> Parts:
+    """(latency, link) seconds of an all-gather of ``nbytes_per_rank`` from every rank."""
+    n = cluster.world
+    if n <= 1:
+        return 0.0, 0.0
+    alpha, rate = flat_link(cluster)
+    return (n - 1) * alpha, (n - 1) * nbytes_per_rank / rate
+
+
+def best_algorithm(nbytes: float, cluster: Cluster) -> str:
+    """What ``allreduce_algorithm='auto'`` would pick: the cheapest applicable one."""
+    names = [a for a in ("native", "ring", "hierarchical", "shm") if applicable(a, cluster)]
+    return min(names, key=lambda a: sum(allreduce(nbytes, cluster, a)))

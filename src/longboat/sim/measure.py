@@ -1,0 +1,157 @@
+"""`longboat sim profile`: measure a real model's step on this machine.
+
+Forward, backward and optimizer are timed separately over several repeats (medians); during
+backward a post-accumulate-grad hook on every parameter records when its gradient is ready, the
+moment the reducer would copy it into its bucket. Leaf-module forward times come from module
+hooks; FLOPs from ``torch.utils.flop_counter``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from longboat.collective.buckets import layer_of
+from longboat.sim.profile import Param, Profile
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def load_model(
+    spec: str, batch: int | None, shape: Sequence[int] | None, classes: int = 10
+) -> tuple[str, nn.Module, Batch]:
+    """A bench model name (``longboat.tools.bench.train.MODELS``) or ``pkg.module:factory``,
+    with a synthetic batch: bench's own samples, or ``randn(batch, *shape)`` and class labels."""
+    from longboat.tools.bench.train import MODELS
+
+    if spec in MODELS:
+        model_spec = MODELS[spec]
+        n = batch or model_spec.batch
+        gen = torch.Generator().manual_seed(0)
+        xs, ys = zip(*(model_spec.sample(gen) for _ in range(n)), strict=True)
+        return spec, model_spec.build(), (torch.stack(xs), torch.stack(ys))
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        raise ValueError(
+            f"model {spec!r}: expected one of {', '.join(MODELS)} or an import path pkg.module:factory"
+        )
+    factory = getattr(importlib.import_module(module_name), attr)
+    model = factory()
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
+    if not shape:
+        raise ValueError(f"model {spec}: give the sample shape, e.g. --input-shape 3,224,224")
+    n = batch or 32
+    x = torch.randn(n, *shape, generator=torch.Generator().manual_seed(0))
+    return spec, model, (x, torch.randint(0, classes, (n,)))
+
+
+def count_flops(model: nn.Module, batch: Batch) -> float:
+    """FLOPs of one forward+backward (torch's flop counter; 0 if it cannot run)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with FlopCounterMode(display=False) as counter:
+            F.cross_entropy(model(batch[0]), batch[1]).backward()
+        model.zero_grad(set_to_none=True)
+        return float(counter.get_total_flops())
+    except Exception:  # noqa: BLE001 - models with ops the counter cannot trace
+        return 0.0
+
+
+def measure(
+    name: str,
+    model: nn.Module,
+    batch: Batch,
+    repeats: int = 10,
+    warmup: int = 3,
+    threads: int = 1,
+    amp: bool = False,
+    done: Callable[..., None] | None = None,
+) -> Profile:
+    """Time ``repeats`` steps of momentum SGD on ``batch``; medians make the profile."""
+    torch.set_num_threads(threads)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.SGD([p for _, p in named], lr=0.01, momentum=0.9)
+    stamps: list[float] = [0.0] * len(named)
+    hooks = [
+        p.register_post_accumulate_grad_hook(
+            lambda _p, i=i: stamps.__setitem__(i, time.perf_counter())
+        )
+        for i, (_, p) in enumerate(named)
+    ]
+    leaves = {n: m for n, m in model.named_modules() if not list(m.children())}
+    starts: dict[str, float] = {}
+    spent: dict[str, list[float]] = {n: [] for n in leaves}
+    module_hooks = []
+    for n, m in leaves.items():
+        module_hooks.append(
+            m.register_forward_pre_hook(lambda *_, n=n: starts.__setitem__(n, time.perf_counter()))
+        )
+        module_hooks.append(
+            m.register_forward_hook(
+                lambda *_, n=n: spent[n].append(time.perf_counter() - starts[n])
+            )
+        )
+    fwd, bwd, step = [], [], []
+    ready: list[list[float]] = [[] for _ in named]
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else _nullcontext()
+    for r in range(warmup + repeats):
+        opt.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        with ctx:
+            loss = F.cross_entropy(model(batch[0]), batch[1])
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        if r >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+            step.append(t3 - t2)
+            for i, s in enumerate(stamps):
+                ready[i].append(max(0.0, s - t1))
+        if done is not None:
+            done()
+    for h in hooks + module_hooks:
+        h.remove()
+    flops = count_flops(model, batch)
+    params = tuple(
+        Param(
+            n,
+            tuple(p.shape),
+            str(p.dtype).removeprefix("torch."),
+            layer_of(n),
+            statistics.median(r),
+        )
+        for (n, p), r in zip(named, ready, strict=True)
+    )
+    return Profile(
+        model=name,
+        batch=len(batch[0]),
+        forward_s=statistics.median(fwd),
+        backward_s=statistics.median(bwd),
+        optimizer_s=statistics.median(step),
+        flops=flops,
+        params=params,
+        layers={n: statistics.median(v[warmup:]) for n, v in spent.items() if len(v) > warmup},
+        threads=threads,
+        amp=amp,
+        host=f"{platform.machine()} {platform.processor() or platform.system()}, torch {torch.__version__}",
+    )
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

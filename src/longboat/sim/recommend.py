@@ -1,0 +1,103 @@
+"""`--recommend`: the Strategy settings with the lowest predicted step time on a cluster.
+
+Candidates: every applicable allreduce algorithm x bucket caps x communicator counts x
+{no compression, bf16, fp16}; with ``lossy=True`` also PowerSGD, DGC and local SGD (they change
+the training dynamics, so they are only proposed when asked); parameter servers (sync) when the
+cluster has a ``ps`` section. Each candidate is a real Strategy (conflicts refused as in
+training).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from longboat.sim import cost
+from longboat.sim.cluster import Cluster
+from longboat.sim.predict import Prediction, simulate
+from longboat.sim.profile import Profile
+from longboat.strategy import Strategy, StrategyError
+from longboat.tools.progress import progress
+
+CAPS_MB = (1, 4, 16, 32, 64, 128)
+COMMS = (1, 2, 4)
+TIE = 0.005  # relative step-time difference treated as a tie
+
+
+@dataclass(frozen=True)
+class Choice:
+    fields: dict[str, Any]
+    prediction: Prediction
+
+    @property
+    def strategy(self) -> Strategy:
+        return Strategy(**self.fields)
+
+
+def candidates(cluster: Cluster, lossy: bool = False) -> list[dict[str, Any]]:
+    """Strategy fields to try (each a non-default subset)."""
+    algorithms = [
+        a for a in ("native", "ring", "hierarchical", "shm") if cost.applicable(a, cluster)
+    ]
+    if cluster.nodes == 1:
+        algorithms = [a for a in algorithms if a != "hierarchical"]
+    compressions: list[dict[str, Any]] = [
+        {},
+        {"gradient_compression": "bf16"},
+        {"gradient_compression": "fp16"},
+    ]
+    if lossy:
+        compressions += [{"gradient_compression": "powersgd"}, {"dgc": True}]
+    out = []
+    for algo, cap, comms, comp in itertools.product(algorithms, CAPS_MB, COMMS, compressions):
+        fields: dict[str, Any] = {"allreduce_algorithm": algo, "fuse_grad_size_in_MB": float(cap)}
+        if comms > 1:
+            fields["nccl_comm_num"] = comms
+        out.append(fields | comp)
+    if lossy:
+        for algo, k in itertools.product(algorithms, (2, 4, 8)):
+            out.append(
+                {"allreduce_algorithm": algo, "localsgd": True, "localsgd_configs": {"k_steps": k}}
+            )
+    if cluster.ps is not None:
+        out.append({"mode": "ps", "a_sync": False})
+    return out
+
+
+def recommend(
+    profile: Profile, cluster: Cluster, lossy: bool = False, top: int = 5, show: bool = True
+) -> list[Choice]:
+    """The ``top`` candidates, fastest first; candidates within ``TIE`` of each other are ordered
+    by how few settings they change (the simpler one first). Fields left at their defaults are
+    dropped."""
+    defaults = Strategy().to_dict()
+    choices = []
+    fields_list = candidates(cluster, lossy)
+    with progress("sim recommend", len(fields_list), show) as done:
+        for fields in fields_list:
+            done()
+            try:
+                strategy = Strategy(**fields)
+            except StrategyError:
+                continue
+            changed = {k: v for k, v in fields.items() if k not in defaults or defaults[k] != v}
+            choices.append(Choice(changed, simulate(profile, cluster, strategy)))
+    if not choices:
+        return []
+    best = min(c.prediction.step_s for c in choices)
+    choices.sort(
+        key=lambda c: (round(c.prediction.step_s / best / TIE), len(c.fields), c.prediction.step_s)
+    )
+    return choices[:top]
+
+
+def to_yaml(choice: Choice, header: str = "") -> str:
+    """The choice as a Strategy YAML file (`longboat launch --config`, `Strategy.load`)."""
+    lines = [f"# {line}" for line in header.splitlines()] if header else []
+    if not choice.fields:
+        lines.append("# every field at its default is best")
+    body = yaml.safe_dump(choice.fields, sort_keys=False)
+    return "\n".join([*lines, body]) if lines else body

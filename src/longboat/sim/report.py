@@ -1,0 +1,123 @@
+"""Rich tables for `longboat sim`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from longboat.sim.cluster import Cluster
+from longboat.sim.predict import Prediction
+from longboat.sim.profile import Profile
+from longboat.sim.units import human_rate, human_time
+
+
+def _console() -> Console:
+    console = Console()
+    console.width = max(console.width, 110)
+    return console
+
+
+def profile_summary(prof: Profile, path: str) -> None:
+    table = Table(
+        title=f"profile of {prof.model} (batch {prof.batch}, {prof.threads} thread(s)) -> {path}"
+    )
+    for col in ("forward", "backward", "optimizer", "params", "grad MB", "GFLOP/step"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        human_time(prof.forward_s),
+        human_time(prof.backward_s),
+        human_time(prof.optimizer_s),
+        f"{prof.param_count / 1e6:.2f} M",
+        f"{prof.grad_bytes / 2**20:.1f}",
+        f"{prof.flops / 1e9:.2f}",
+    )
+    _console().print(table)
+
+
+def cluster_summary(cl: Cluster, path: str) -> None:
+    table = Table(title=f"calibrated cluster -> {path}")
+    table.add_column("parameter")
+    table.add_column("value", justify="right")
+    table.add_row("nodes x devices", f"{cl.nodes} x {cl.devices_per_node}")
+    table.add_row(
+        "intra link",
+        f"{cl.intra.kind}: {human_rate(cl.intra.rate)}, alpha {human_time(cl.intra.latency)}",
+    )
+    table.add_row(
+        "inter link",
+        f"{human_rate(cl.inter.bandwidth)} x {cl.inter.efficiency:.3f}, alpha {human_time(cl.inter.latency)}",
+    )
+    table.add_row("memory bandwidth", human_rate(cl.mem_bw))
+    table.add_row("shm passes", f"{cl.shm_passes:.2f}")
+    table.add_row("effective cores (shared host)", f"{cl.shared_host_cores:.2f}")
+    for name, c in cl.algorithms.items():
+        table.add_row(
+            f"{name}",
+            f"bandwidth x {c.bandwidth_efficiency:.3f}, +{human_time(c.overhead)} per call",
+        )
+    _console().print(table)
+
+
+def breakdown(prof: Profile, cl: Cluster, p: Prediction) -> None:
+    table = Table(
+        title=f"{prof.model} on {cl.nodes} node(s) x {cl.devices_per_node} {cl.device} device(s): predicted step"
+    )
+    table.add_column("phase")
+    table.add_column("time", justify="right")
+    table.add_column("share", justify="right")
+    for name, value in (
+        ("compute (forward + backward)", p.compute_s),
+        ("exposed communication", p.exposed_comm_s),
+        ("optimizer", p.optimizer_s),
+    ):
+        table.add_row(name, human_time(value), f"{value / p.step_s:.0%}")
+    table.add_section()
+    table.add_row("step", human_time(p.step_s), f"{p.samples_per_s:,.0f} samples/s")
+    table.add_row("communication (all)", human_time(p.comm_s), f"{p.overlap:.0%} hidden")
+    table.add_row("buckets / algorithm", f"{p.buckets}", p.algorithm)
+    table.add_row("bytes sent per rank", f"{p.bytes_sent / 2**20:.2f} MB", "; ".join(p.notes))
+    _console().print(table)
+
+
+def sweep_table(points: Sequence, model: str) -> None:  # noqa: ANN001
+    table = Table(title=f"{model}: predicted scaling")
+    for col in (
+        "devices",
+        "nodes",
+        "step ms",
+        "samples/s",
+        "speedup",
+        "efficiency",
+        "exposed comm ms",
+    ):
+        table.add_column(col, justify="right")
+    for pt in points:
+        p = pt.prediction
+        table.add_row(
+            str(p.devices),
+            str(p.nodes),
+            f"{p.step_s * 1e3:.3f}",
+            f"{p.samples_per_s:,.0f}",
+            f"{pt.speedup:.1f}x",
+            f"{pt.efficiency:.0%}",
+            f"{p.exposed_comm_s * 1e3:.3f}",
+        )
+    _console().print(table)
+
+
+def recommend_table(choices: Sequence, current: Prediction) -> None:  # noqa: ANN001
+    table = Table(title=f"--recommend (current strategy: {current.step_s * 1e3:.3f} ms/step)")
+    for col in ("#", "settings", "step ms", "exposed comm ms", "vs current"):
+        table.add_column(col, justify="right" if col != "settings" else "left")
+    for i, c in enumerate(choices, 1):
+        settings = ", ".join(f"{k}={v}" for k, v in c.fields.items()) or "(all defaults)"
+        table.add_row(
+            str(i),
+            settings,
+            f"{c.prediction.step_s * 1e3:.3f}",
+            f"{c.prediction.exposed_comm_s * 1e3:.3f}",
+            f"{current.step_s / c.prediction.step_s:.2f}x",
+        )
+    _console().print(table)

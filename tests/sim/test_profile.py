@@ -1,0 +1,37 @@
+"""Profiles: measured on a tiny model, saved, loaded back unchanged; bad files named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from longboat.sim import measure, profile
+
+
+def test_measure_and_round_trip(tmp_path) -> None:  # noqa: ANN001
+    name, model, batch = measure.load_model("mlp-tiny", None, None)
+    prof = measure.measure(name, model, batch, repeats=2, warmup=1)
+    assert prof.param_count == sum(p.numel() for p in model.parameters())
+    assert prof.forward_s > 0 and prof.backward_s > 0 and prof.flops > 0
+    ready = [p.ready_s for p in prof.params]
+    assert ready[-1] <= ready[0]  # the last layer's gradient is ready first
+    path = tmp_path / "p.json"
+    prof.save(path)
+    assert profile.load(path) == prof
+
+
+def test_import_path_model_needs_a_shape() -> None:
+    with pytest.raises(ValueError, match="input-shape"):
+        measure.load_model("torch.nn:Identity", 4, None)
+    with pytest.raises(ValueError, match="import path"):
+        measure.load_model("nosuchmodel", 4, None)
+
+
+def test_bad_files_are_named(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(profile.ProfileError, match="does not exist"):
+        profile.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"version": 1, "model": "m"}))
+    with pytest.raises(profile.ProfileError, match="missing key 'params'"):
+        profile.load(bad)
