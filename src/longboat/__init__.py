@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     "num_nodes": "longboat.cluster",
     "barrier": "longboat.cluster",
     "shutdown": "longboat.cluster",
-    "distribute": "longboat.collective.engine",
+    "distribute": "longboat.dispatch",
     "DistributedSampler": "longboat.data.sampler",
     "SyncBatchNorm": "longboat.collective.sync_bn",
     "convert_sync_batchnorm": "longboat.collective.sync_bn",

@@ -29,7 +29,9 @@ import torch.distributed as dist
 import longboat.cluster as cluster
 from longboat.collective.reducer import Reducer
 from longboat.log import get_logger
+from longboat.registry import ALGORITHMS
 from longboat.strategy import Strategy
+from longboat.strategy.selection import selected_algorithm, selected_compressor
 
 if TYPE_CHECKING:
     from longboat.collective.model import DistributedModel
@@ -58,7 +60,7 @@ class Candidate:
     def of(cls, strategy: Strategy) -> Candidate:
         """The setting ``strategy`` itself selects (the defaults' candidate)."""
         return cls(
-            effective_algorithm(strategy),
+            selected_algorithm(strategy),
             float(strategy.fuse_grad_size_in_MB),
             int(strategy.nccl_comm_num),
         )
@@ -66,7 +68,7 @@ class Candidate:
     def apply(self, strategy: Strategy) -> Strategy:
         """A copy of ``strategy`` with this candidate's settings."""
         changed = strategy.copy()
-        if self.algorithm != effective_algorithm(strategy):
+        if self.algorithm != selected_algorithm(strategy):
             changed.allreduce_algorithm = self.algorithm
         changed.update(fuse_grad_size_in_MB=self.fuse_grad_size_in_MB)
         changed.update(nccl_comm_num=self.nccl_comm_num)
@@ -79,19 +81,12 @@ class Candidate:
         )
 
 
-def effective_algorithm(strategy: Strategy) -> str:
-    """The allreduce algorithm ``strategy`` selects (``use_hierarchical_allreduce`` wins)."""
-    if strategy.use_hierarchical_allreduce:
-        return "hierarchical"
-    return str(strategy.allreduce_algorithm)
-
-
 def topology_algorithms() -> list[str]:
-    """Algorithms worth trying on this cluster: native, shm on one node with several ranks,
-    hierarchical across nodes with several ranks on a node (the ``auto`` algorithm's rule)."""
+    """Algorithms worth trying on this cluster: those whose declared topologies suit it (the
+    ``auto`` algorithm's rule) and that are declared tunable."""
     from longboat.comm.algorithms import auto
 
-    return [a for a in auto.candidates(dist.group.WORLD) if a != "ring"]
+    return [a for a in auto.candidates(dist.group.WORLD) if ALGORITHMS.entry(a).tune]
 
 
 def candidates(strategy: Strategy, algorithms: Sequence[str]) -> list[Candidate]:
@@ -122,8 +117,9 @@ def untunable(strategy: Strategy, world_size: int) -> str | None:
         return "local SGD averages parameters instead of allreducing gradients"
     if strategy.dgc:
         return "DGC's residuals and momentum live in one reducer's compressors"
-    if strategy.gradient_compression == "powersgd":
-        return "PowerSGD's error feedback lives in one reducer's compressors"
+    compressor = selected_compressor(strategy)
+    if compressor.lossy:
+        return f"{compressor.label}'s error feedback lives in one reducer's compressors"
     return None
 
 

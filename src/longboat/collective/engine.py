@@ -1,7 +1,9 @@
-"""``lb.distribute``: turn a model and optimizer into collective data-parallel ones."""
+"""Collective ``lb.distribute``: build the communicators, the reducer and the wrappers that make a
+model and optimizer data-parallel."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -37,7 +39,14 @@ from longboat.comm.groups import make_communicators
 from longboat.comm.serial import SerialAllreduce
 from longboat.log import get_logger
 from longboat.optim import wrap_optimizer
+from longboat.registry import Entry
 from longboat.strategy import Strategy
+from longboat.strategy.selection import (
+    AllreduceChoice,
+    allreduce_choice,
+    compressor_config,
+    selected_compressor,
+)
 from longboat.trace.stall import waiting, watch_collectives
 
 log = get_logger("longboat.collective")
@@ -48,17 +57,64 @@ def distribute(
     optimizer: torch.optim.Optimizer | None = None,
     strategy: Strategy | None = None,
 ) -> tuple[DistributedModel, torch.optim.Optimizer | None]:
-    """Make ``model`` data-parallel across all ranks according to ``strategy``.
+    """Make ``model`` data-parallel across all ranks according to ``strategy`` (collective mode;
+    ``lb.distribute`` dispatches here).
 
     Initialises the cluster if needed, checks that every rank runs the same Strategy and built
-    the same model, broadcasts rank 0's parameters and buffers, and installs the gradient reducer. Returns
-    the wrapped model and the optimizer (gated for gradient merge when that is on).
+    the same model, builds the communicators, broadcasts rank 0's parameters and buffers,
+    installs the gradient reducer and wraps the model and the optimizer. Returns the wrapped
+    model and the optimizer (gated for gradient merge when that is on).
     """
     strategy = strategy or cluster.current_strategy() or Strategy()
-    if strategy.mode == "ps":  # parameter-server mode: longboat.ps owns everything from here
-        from longboat.ps.engine import distribute as ps_distribute
+    if strategy.mode != "collective":
+        raise ValueError(f"mode={strategy.mode!r} is not collective: call lb.distribute")
+    model, named = _prepare(model, strategy)
+    _verify_ranks(model, strategy)
+    comm = build_comm(strategy)
+    _broadcast_initial_state(model, strategy, comm)
+    if _wants_compiled_fusion(strategy):
+        model = torch.compile(model)  # type: ignore[assignment]
+    amp = Amp(strategy.amp_configs, named[0][1].device.type) if strategy.amp else None
+    scaled = amp is not None and amp.scaler is not None
+    reducer, compressors = build_reducer(
+        named, strategy, optimizer, communicators=comm.pair, check_finite=scaled
+    )
+    wrapped = _wrap_model(model, strategy, reducer, compressors, amp, named)
+    if strategy.auto:
+        wrapped.tuner = make_tuner(
+            strategy, _candidate_builder(named, strategy, optimizer, scaled, comm)
+        )
+    optimizer = _wrap_optimizer(optimizer, strategy, wrapped, named, scaled)
+    from longboat.trace import attach  # timeline and stall inspector, as the strategy asks
 
-        return ps_distribute(model, optimizer, strategy)  # type: ignore[return-value]
+    return wrapped, attach(wrapped, optimizer, strategy)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comm:
+    """The selected allreduce algorithm on each of ``nccl_comm_num`` communicators."""
+
+    choice: AllreduceChoice
+    groups: list[dist.ProcessGroup]
+    fns: list[AllreduceFn]
+
+    @property
+    def pair(self) -> tuple[list[dist.ProcessGroup], list[AllreduceFn]]:
+        return self.groups, self.fns
+
+
+def build_comm(strategy: Strategy) -> Comm:
+    """Communicators and the selected algorithm on each (collective: every rank, in order)."""
+    choice = allreduce_choice(strategy)
+    groups = make_communicators(int(strategy.nccl_comm_num))
+    return Comm(choice, groups, [algorithms.make(choice.algorithm, g) for g in groups])
+
+
+def _prepare(
+    model: nn.Module, strategy: Strategy
+) -> tuple[nn.Module, list[tuple[str, nn.Parameter]]]:
+    """Join the cluster, apply per-process settings, convert batch norms; the parameters
+    to train, checked against the backend."""
     strategy.check_implemented()
     if not cluster.is_initialized():
         cluster.init(strategy)
@@ -71,32 +127,43 @@ def distribute(
     if not named:
         raise ValueError("the model has no parameters that require grad: nothing to train")
     _check_devices(named)
+    return model, named
+
+
+def _verify_ranks(model: nn.Module, strategy: Strategy) -> None:
+    """Every rank runs the same Strategy and built the same model (bounded waits, named)."""
     watch_collectives(strategy)  # the stall inspector names the waits below
     with waiting("settings check of lb.distribute (Strategy fields)"):
         verify_same_settings(strategy)
     with waiting("model check of lb.distribute (parameter names and shapes)"):
         verify_same_model(model)
-    algorithm, comms, fns = _allreduce_fns(strategy)
+
+
+def _broadcast_initial_state(model: nn.Module, strategy: Strategy, comm: Comm) -> None:
+    """Rank 0's parameters and buffers to every rank, through the algorithm if it says so."""
     with waiting("broadcast of parameters"):
         broadcast_state(
             [p for _, p in model.named_parameters()] + [b for _, b in model.named_buffers()],
             coalesce=bool(strategy.fuse_broadcast_ops),
-            allreduce_fn=fns[0] if algorithm in _BROADCAST_THROUGH else None,
+            allreduce_fn=comm.fns[0] if comm.choice.broadcast else None,
         )
-    if _wants_compiled_fusion(strategy):
-        model = torch.compile(model)  # type: ignore[assignment]
-    amp = Amp(strategy.amp_configs, named[0][1].device.type) if strategy.amp else None
-    scaled = amp is not None and amp.scaler is not None
-    reducer, compressors = build_reducer(
-        named, strategy, optimizer, communicators=(comms, fns), check_finite=scaled
-    )
+
+
+def _wrap_model(
+    model: nn.Module,
+    strategy: Strategy,
+    reducer: Reducer,
+    compressors: list,
+    amp: Amp | None,
+    named: list[tuple[str, nn.Parameter]],
+) -> DistributedModel:
+    """The module wrapper: gradient merge, local SGD, AMP around ``reducer``."""
     merge = strategy.gradient_merge
-    k_steps = int(strategy.gradient_merge_configs["k_steps"]) if merge else 1
     local_sgd = _local_sgd(strategy, [p for _, p in named])
     wrapped = DistributedModel(
         model,
         reducer,
-        k_steps=k_steps,
+        k_steps=int(strategy.gradient_merge_configs["k_steps"]) if merge else 1,
         merge_avg=bool(strategy.gradient_merge_configs["avg"]) if merge else False,
         communicate=local_sgd is None,
         amp=amp,
@@ -104,30 +171,39 @@ def distribute(
     )
     wrapped.strategy = strategy  # type: ignore[assignment]
     wrapped.local_sgd = local_sgd
-    if strategy.auto:
-        built = _candidate_builder(named, strategy, optimizer, scaled, (algorithm, comms, fns))
-        wrapped.tuner = make_tuner(strategy, built)
-    if optimizer is not None:
-        optimizer = _replace_optimizer(strategy, optimizer, named)
-        if strategy.fuse_all_optimizer_ops and not use_multi_tensor_kernels(optimizer):
-            log.warning(
-                "fuse_all_optimizer_ops: %s has no multi-tensor implementation; unchanged",
-                type(optimizer).__name__,
-            )
-        if scaled:
-            optimizer = attach_loss_scaling(optimizer, wrapped)
-        if strategy.dgc:
-            optimizer = attach_dgc(optimizer, [c.state for c in compressors])
-        if k_steps > 1:
-            optimizer = gate_for_gradient_merge(optimizer, wrapped)
-        if local_sgd is not None:
-            optimizer = attach_local_sgd(optimizer, local_sgd)
-    elif local_sgd is not None:
-        raise ValueError("local SGD averages parameters after optimizer steps: pass the optimizer")
-    from longboat.trace import attach  # timeline and stall inspector, as the strategy asks
+    return wrapped
 
-    optimizer = attach(wrapped, optimizer, strategy)
-    return wrapped, optimizer
+
+def _wrap_optimizer(
+    optimizer: torch.optim.Optimizer | None,
+    strategy: Strategy,
+    wrapped: DistributedModel,
+    named: list[tuple[str, nn.Parameter]],
+    scaled: bool,
+) -> torch.optim.Optimizer | None:
+    """LARS/LAMB, fused kernels, loss scaling, DGC, gradient-merge and local-SGD gating."""
+    local_sgd = wrapped.local_sgd
+    if optimizer is None:
+        if local_sgd is not None:
+            raise ValueError(
+                "local SGD averages parameters after optimizer steps: pass the optimizer"
+            )
+        return None
+    optimizer = _replace_optimizer(strategy, optimizer, named)
+    if strategy.fuse_all_optimizer_ops and not use_multi_tensor_kernels(optimizer):
+        log.warning(
+            "fuse_all_optimizer_ops: %s has no multi-tensor implementation; unchanged",
+            type(optimizer).__name__,
+        )
+    if scaled:
+        optimizer = attach_loss_scaling(optimizer, wrapped)
+    if strategy.dgc:
+        optimizer = attach_dgc(optimizer, [c.state for c in wrapped.compressors])
+    if wrapped.k_steps > 1:
+        optimizer = gate_for_gradient_merge(optimizer, wrapped)
+    if local_sgd is not None:
+        optimizer = attach_local_sgd(optimizer, local_sgd)
+    return optimizer
 
 
 def _replace_optimizer(
@@ -157,31 +233,13 @@ def _local_sgd(
     return None
 
 
-# algorithms faster than the backend's broadcast for the start-up copy of rank 0's state
-_BROADCAST_THROUGH = ("shm", "hierarchical", "auto")
-
-
-def _allreduce_fns(
-    strategy: Strategy,
-) -> tuple[str, list[dist.ProcessGroup], list[AllreduceFn]]:
-    """The selected algorithm on each of ``nccl_comm_num`` communicators."""
-    algorithm = (
-        "hierarchical" if strategy.use_hierarchical_allreduce else strategy.allreduce_algorithm
-    )
-    comms = make_communicators(int(strategy.nccl_comm_num))
-    return algorithm, comms, [algorithms.make(algorithm, group) for group in comms]
-
-
-def _compression(strategy: Strategy, optimizer: torch.optim.Optimizer | None) -> tuple[str, dict]:
+def _compression(strategy: Strategy, optimizer: torch.optim.Optimizer | None) -> tuple[Entry, dict]:
     """The gradient compressor the strategy selects ('none' counts bytes), and its config."""
-    if strategy.dgc:
-        return "dgc", {**strategy.dgc_configs, "momentum": dgc_momentum(optimizer)}
-    name = "fp16" if strategy.fp16_allreduce else str(strategy.gradient_compression)
-    return name, dict(strategy.powersgd_configs) if name == "powersgd" else {}
-
-
-# compressors that change values beyond rounding: the used-parameter flags go apart, exactly
-_LOSSY = ("powersgd", "dgc")
+    entry = selected_compressor(strategy)
+    config = compressor_config(strategy, entry)
+    if entry.name == "dgc":  # DGC applies the optimizer's momentum itself
+        config["momentum"] = dgc_momentum(optimizer)
+    return entry, config
 
 
 def build_reducer(
@@ -222,7 +280,7 @@ def build_reducer(
         the reducer runs (their ``stats`` count the bytes sent).
     """
     if communicators is None:
-        communicators = _allreduce_fns(strategy)[1:]
+        communicators = build_comm(strategy).pair
     comms, fns = communicators
     if plan is None:
         specs = [
@@ -240,10 +298,13 @@ def build_reducer(
     else:
         described = f"{len(named_params)} gradient tensors in {len(plan)} explicit buckets"
     # pre-divided buckets: half precision cannot overflow the sum
-    name, config = _compression(strategy, optimizer)
-    compressors = [make_compressor(name, fn, g, config) for fn, g in zip(fns, comms, strict=True)]
+    entry, config = _compression(strategy, optimizer)
+    compressors = [
+        make_compressor(entry.name, fn, g, config) for fn, g in zip(fns, comms, strict=True)
+    ]
     fns = list(compressors)
-    flag_fns = [c.exact for c in compressors] if name in _LOSSY else None
+    # a lossy compressor must not touch the used-parameter flags: they go apart, exactly
+    flag_fns = [c.exact for c in compressors] if entry.lossy else None
     if strategy.sync_nccl_allreduce:
         fns = [SerialAllreduce(fn) for fn in fns]
         if flag_fns is not None:  # the flags join the same chain: one order on every rank
@@ -276,18 +337,17 @@ def _candidate_builder(
     strategy: Strategy,
     optimizer: torch.optim.Optimizer | None,
     check_finite: bool,
-    built: tuple[str, list[dist.ProcessGroup], list[AllreduceFn]],
+    comm: Comm,
 ) -> Builder:
     """Strategy(auto=True)'s candidate reducers, through ``build_reducer``; candidates with
-    the same algorithm and ``nccl_comm_num`` share communicators (the defaults' ``built``)."""
-    algorithm, comms, fns = built
-    cache = {(algorithm, len(comms)): (comms, fns)}
+    the same algorithm and ``nccl_comm_num`` share communicators (the defaults' ``comm``)."""
+    cache = {(comm.choice.algorithm, len(comm.groups)): comm.pair}
 
     def build(candidate: Candidate) -> tuple[Reducer, list]:
         changed = candidate.apply(strategy)
         key = (candidate.algorithm, candidate.nccl_comm_num)
         if key not in cache:
-            cache[key] = _allreduce_fns(changed)[1:]
+            cache[key] = build_comm(changed).pair
         return build_reducer(
             named, changed, optimizer, communicators=cache[key], check_finite=check_finite
         )

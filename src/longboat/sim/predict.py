@@ -22,6 +22,7 @@ from longboat.sim.compression import bucket_parts
 from longboat.sim.profile import Profile
 from longboat.sim.timeline import Job, finish_times
 from longboat.strategy import Strategy
+from longboat.strategy.selection import compressor_config, selected_algorithm, selected_compressor
 
 
 @dataclass(frozen=True)
@@ -82,17 +83,10 @@ def flop_rate(profile: Profile, cluster: Cluster) -> float:
     return profile.flops / profile.compute_s if profile.flops > 0 else 1e10
 
 
-def algorithm_of(strategy: Strategy) -> str:
-    if strategy.use_hierarchical_allreduce:
-        return "hierarchical"
-    return str(strategy.allreduce_algorithm)
-
-
 def compression_of(strategy: Strategy) -> tuple[str, dict[str, Any]]:
-    if strategy.dgc:
-        return "dgc", dict(strategy.dgc_configs)
-    name = "fp16" if strategy.fp16_allreduce else str(strategy.gradient_compression)
-    return name, dict(strategy.powersgd_configs) if name == "powersgd" else {}
+    """The compressor the engine would use for ``strategy``, and its settings."""
+    entry = selected_compressor(strategy)
+    return entry.name, compressor_config(strategy, entry)
 
 
 def _result(cluster: Cluster, batch: int, step: float, **kw: Any) -> Prediction:
@@ -114,7 +108,7 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         return simulate_ps(profile, cluster, strategy)
     prof = device_profile(profile, cluster, bool(strategy.amp))
     fwd, bwd, opt = prof.forward_s, prof.backward_s, prof.optimizer_s
-    algorithm = algorithm_of(strategy)
+    algorithm = selected_algorithm(strategy)
     notes: list[str] = []
     if algorithm == "shm" and cluster.nodes > 1:
         raise cost.CostError("allreduce_algorithm='shm' works on one node only")

@@ -1,12 +1,15 @@
 """The Strategy: every distributed-training setting, typed, validated and explained.
 
 Fields follow PaddlePaddle Fleet's ``DistributedStrategy`` (DistributedStrategy, BuildStrategy and
-ExecutionStrategy tables). The field table lives in ``longboat.strategy.fields``; validation,
-defaults, environment overrides, docs and the printed table all derive from it.
+ExecutionStrategy tables). The field table lives in ``longboat.strategy.fields`` (the
+per-feature config tables in ``configs``, the conflict rules in ``conflicts``, what comes from
+the algorithm and compressor registries in ``registered``); validation, defaults, environment
+overrides, docs and the printed table all derive from it.
 """
 
 from __future__ import annotations
 
+from longboat.strategy.conflicts import CONFLICTS
 from longboat.strategy.core import (
     KNOWN_ENV_VARS,
     ConfigView,
@@ -16,7 +19,7 @@ from longboat.strategy.core import (
     field_spec,
     fields_by_status,
 )
-from longboat.strategy.fields import CONFLICTS, FIELDS
+from longboat.strategy.fields import FIELDS
 from longboat.strategy.render import reference_markdown
 from longboat.strategy.spec import Conflict, FieldSpec, Status
 from longboat.strategy.values import StrategyError, UnknownFieldError

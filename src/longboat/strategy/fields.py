@@ -1,146 +1,40 @@
-"""The Strategy's field table and conflict table: adding a field is one ``FieldSpec`` here.
+"""The Strategy's field table: adding a field is one ``FieldSpec`` here.
 
 Field names, defaults and groups follow PaddlePaddle Fleet's ``DistributedStrategy`` (the
 DistributedStrategy, BuildStrategy and ExecutionStrategy tables of Paddle's collective-training
-guide) and its ``*_configs`` dicts.
+guide) and its ``*_configs`` dicts. The choices of ``allreduce_algorithm`` and
+``gradient_compression``, and one ``<name>_configs`` field per gradient compressor that
+declares a config, come from the registries (``longboat.registry``) when first used.
 """
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
-from longboat.strategy.spec import (
-    Conflict,
-    FieldSpec,
-    Values,
-    both_on,
-    implemented,
-    mapped,
-    not_applicable,
+from longboat.strategy.configs import (
+    A_SYNC_CONFIGS,
+    ADAPTIVE_LOCALSGD_CONFIGS,
+    AMP_CONFIGS,
+    GRADIENT_MERGE_CONFIGS,
+    LAMB_CONFIGS,
+    LARS_CONFIGS,
+    LOCALSGD_CONFIGS,
 )
+from longboat.strategy.registered import FieldTable, algorithm_names, compressor_names
+from longboat.strategy.spec import FieldSpec, implemented, mapped, not_applicable
 from longboat.strategy.values import (
     Bool,
     Choice,
-    Config,
     Float,
-    FloatList,
     Int,
-    KeySpec,
     OptionalPath,
-    StrList,
+    RegistryChoice,
 )
 
 TRAINING_OPT = "training optimisations"
 
 _TORCH_COMPILE = "torch.compile of the model (its graph fuser fuses such ops)"
 
-AMP_CONFIGS = Config(
-    (
-        KeySpec("init_loss_scaling", Float(0, lo_open=True), 32768.0, "initial loss scale"),
-        KeySpec("incr_every_n_steps", Int(1), 1000, "grow the scale after this many finite steps"),
-        KeySpec("decr_every_n_nan_or_inf", Int(1), 2, "shrink the scale after this many overflows"),
-        KeySpec("incr_ratio", Float(1, lo_open=True), 2.0, "factor the scale grows by"),
-        KeySpec("decr_ratio", Float(0, 1, True, True), 0.8, "factor the scale shrinks by"),
-        KeySpec("use_dynamic_loss_scaling", Bool(), True, "adapt the loss scale while training"),
-        KeySpec("custom_white_list", StrList(), [], "ops forced to run in low precision"),
-        KeySpec("custom_black_list", StrList(), [], "ops forced to run in float32"),
-        KeySpec("custom_black_varnames", StrList(), [], "tensors kept in float32"),
-        KeySpec("use_pure_fp16", Bool(), False, "cast the whole model, not op by op"),
-        KeySpec("use_fp16_guard", Bool(), True, "with use_pure_fp16, cast only guarded regions"),
-        KeySpec("dtype", Choice(("float16", "bfloat16")), "float16", "low-precision dtype"),
-    )
-)
-GRADIENT_MERGE_CONFIGS = Config(
-    (
-        KeySpec("k_steps", Int(1), 1, "micro-steps accumulated before one allreduce and update"),
-        KeySpec("avg", Bool(), True, "average (True) or sum (False) the accumulated gradients"),
-    )
-)
-LOCALSGD_CONFIGS = Config(
-    (
-        KeySpec("k_steps", Int(1), 1, "local steps between parameter averages"),
-        KeySpec("begin_step", Int(1), 1, "step at which local SGD starts"),
-    )
-)
-ADAPTIVE_LOCALSGD_CONFIGS = Config(
-    (
-        KeySpec("init_k_steps", Int(1), 1, "initial local steps between parameter averages"),
-        KeySpec("begin_step", Int(1), 1, "step at which adaptive local SGD starts"),
-    )
-)
-DGC_CONFIGS = Config(
-    (
-        KeySpec("rampup_begin_step", Int(0), 0, "step at which gradient compression starts"),
-        KeySpec("rampup_step", Int(1), 1, "steps over which sparsity ramps up"),
-        KeySpec(
-            "sparsity",
-            FloatList(Float(0, 1, hi_open=True)),
-            [0.999],
-            "sparsity schedule during ramp-up (fraction of gradient entries dropped)",
-        ),
-        KeySpec(
-            "min_numel",
-            Int(1),
-            16384,
-            "tensors with fewer elements are sent dense, not sparsified (longboat's key)",
-        ),
-    )
-)
-POWERSGD_CONFIGS = Config(
-    (
-        KeySpec("rank", Int(1), 1, "rank of the low-rank approximation of each gradient matrix"),
-        KeySpec("start_step", Int(0), 10, "plain allreduces before compression starts (warm-up)"),
-        KeySpec("warm_start", Bool(), True, "reuse last step's Q instead of a fresh random one"),
-        KeySpec("error_feedback", Bool(), True, "carry what compression lost into the next step"),
-        KeySpec(
-            "min_compression_bytes", Int(0), 64 << 10, "buckets smaller than this go uncompressed"
-        ),
-        KeySpec("seed", Int(0), 0, "seed of the initial Q (the same on every rank)"),
-    )
-)
-LARS_CONFIGS = Config(
-    (
-        KeySpec("lars_coeff", Float(0, lo_open=True), 0.001, "trust coefficient"),
-        KeySpec("lars_weight_decay", Float(0), 0.0005, "weight decay"),
-        KeySpec("epsilon", Float(0), 0.0, "added to the denominator of the local learning rate"),
-        KeySpec("exclude_from_weight_decay", StrList(), [], "parameter-name patterns not decayed"),
-    )
-)
-LAMB_CONFIGS = Config(
-    (
-        KeySpec("lamb_weight_decay", Float(0), 0.01, "weight decay"),
-        KeySpec("exclude_from_weight_decay", StrList(), [], "parameter-name patterns not decayed"),
-    )
-)
-A_SYNC_CONFIGS = Config(
-    (
-        KeySpec(
-            "k_steps",
-            Int(-1),
-            -1,
-            "with a_sync=True: -1 or 0 async (half-async with use_thread_barrier), "
-            ">0 geo-SGD every k steps; with a_sync=False: sync",
-        ),
-        KeySpec("max_merge_var_num", Int(1), 1, "gradients merged into one send"),
-        KeySpec("send_queue_size", Int(1), 16, "per-variable send queue length"),
-        KeySpec("independent_recv_thread", Bool(), False, "receive on a dedicated thread"),
-        KeySpec("min_send_grad_num_before_recv", Int(1), 1, "sends between two receives"),
-        KeySpec("thread_pool_size", Int(1), 1, "communicator threads"),
-        KeySpec("send_wait_times", Int(1), 1, "waits before a partial batch is sent"),
-        KeySpec("runtime_split_send_recv", Bool(), False, "split variables at run time"),
-        KeySpec("launch_barrier", Bool(), True, "trainers wait for servers at start"),
-        KeySpec("lr_decay_steps", Int(1), 10, "steps between learning-rate decays on servers"),
-        KeySpec(
-            "update_on_server",
-            Bool(),
-            True,
-            "MXNet's update_on_kvstore: the optimizer runs on the servers (True) or the servers "
-            "only average gradients and trainers run it (False, sync mode; longboat's key)",
-        ),
-    )
-)
 
-_SPECS: tuple[FieldSpec, ...] = (
+_STATIC: tuple[FieldSpec, ...] = (
     # ---- DistributedStrategy ------------------------------------------------------------
     FieldSpec(
         "mode",
@@ -193,11 +87,11 @@ _SPECS: tuple[FieldSpec, ...] = (
     ),
     FieldSpec(
         "allreduce_algorithm",
-        Choice(("native", "ring", "hierarchical", "shm", "auto")),
+        RegistryChoice(algorithm_names),
         "native",
-        "how gradient buckets are allreduced: the backend's own (native), a ring of "
-        "point-to-point messages, hierarchical (intra-node, then inter-node), shared memory "
-        "among the ranks of one node, or auto (chosen per bucket size by a start-up measurement)",
+        "how gradient buckets are allreduced: a registered allreduce algorithm (see "
+        "'Allreduce algorithms' below), e.g. the backend's own (native) or auto (chosen per "
+        "bucket size by a start-up measurement)",
         implemented(),
     ),
     FieldSpec(
@@ -352,13 +246,6 @@ _SPECS: tuple[FieldSpec, ...] = (
         implemented(),
     ),
     FieldSpec(
-        "dgc_configs",
-        DGC_CONFIGS,
-        None,
-        "deep-gradient-compression settings",
-        implemented(),
-    ),
-    FieldSpec(
         "lars",
         Bool(),
         False,
@@ -397,18 +284,11 @@ _SPECS: tuple[FieldSpec, ...] = (
     ),
     FieldSpec(
         "gradient_compression",
-        Choice(("none", "fp16", "bf16", "powersgd")),
+        RegistryChoice(compressor_names),
         "none",
-        "how gradient buckets are compressed for the allreduce: not at all, cast to float16 or "
-        "bfloat16 (half the bytes), or PowerSGD's low-rank approximation with error feedback",
+        "how gradient buckets are compressed for the allreduce: a registered gradient "
+        "compressor (see 'Gradient compressors' below), 'none' for no compression",
         implemented("fp16_allreduce=True is the same as 'fp16'; DGC is selected by dgc=True"),
-    ),
-    FieldSpec(
-        "powersgd_configs",
-        POWERSGD_CONFIGS,
-        None,
-        "PowerSGD settings (with gradient_compression='powersgd')",
-        implemented(),
     ),
     FieldSpec(
         "timeline",
@@ -559,89 +439,4 @@ _SPECS: tuple[FieldSpec, ...] = (
     ),
 )
 
-FIELDS: MappingProxyType[str, FieldSpec] = MappingProxyType({s.name: s for s in _SPECS})
-"""Every field, in table order (the order of docs, printing and ``check_implemented``)."""
-
-
-def _dgc_with_fp16_amp(v: Values) -> bool:
-    return v["dgc"] is True and v["amp"] is True and v["amp_configs"]["dtype"] == "float16"
-
-
-def _ps_configs_in_collective(v: Values) -> bool:
-    return v["mode"] == "collective" and v["a_sync_configs"] != FIELDS["a_sync_configs"].default
-
-
-CONFLICTS: tuple[Conflict, ...] = (
-    both_on(
-        "localsgd",
-        "gradient_merge",
-        "both change when gradients are communicated; use one of them",
-    ),
-    both_on(
-        "localsgd",
-        "adaptive_localsgd",
-        "adaptive local SGD already is local SGD with a varying k; enable only one",
-    ),
-    Conflict(
-        "dgc",
-        "amp",
-        _dgc_with_fp16_amp,
-        "DGC's sparse top-k communication needs float32 gradients, and amp with "
-        "amp_configs['dtype']='float16' produces float16 ones; use dtype 'bfloat16' or drop one",
-        "both True and amp_configs['dtype'] == 'float16'",
-    ),
-    both_on(
-        "dgc",
-        "fp16_allreduce",
-        "DGC sends sparse float32 values; a float16 allreduce would undo its error feedback",
-    ),
-    both_on("lars", "lamb", "both replace the optimizer; choose one"),
-    both_on("dgc", "lars", "DGC is built on momentum SGD and cannot wrap the LARS optimizer"),
-    both_on("dgc", "lamb", "DGC is built on momentum SGD and cannot wrap the LAMB optimizer"),
-    both_on("dgc", "localsgd", "DGC compresses every step's gradients; local SGD skips them"),
-    both_on(
-        "dgc",
-        "adaptive_localsgd",
-        "DGC compresses every step's gradients; adaptive local SGD skips them",
-    ),
-    Conflict(
-        "dgc",
-        "gradient_compression",
-        lambda v: v["dgc"] is True and v["gradient_compression"] != "none",
-        "DGC is itself the gradient compressor; set gradient_compression='none' or dgc=False",
-        "dgc True and gradient_compression not 'none'",
-    ),
-    Conflict(
-        "fp16_allreduce",
-        "gradient_compression",
-        lambda v: v["fp16_allreduce"] is True and v["gradient_compression"] not in ("none", "fp16"),
-        "fp16_allreduce=True selects the fp16 compressor; it cannot also be another one",
-        "fp16_allreduce True and gradient_compression not 'none'/'fp16'",
-    ),
-    Conflict(
-        "localsgd",
-        "gradient_compression",
-        lambda v: (v["localsgd"] or v["adaptive_localsgd"]) and v["gradient_compression"] != "none",
-        "local SGD averages parameters, not gradients: there is no gradient allreduce to compress",
-        "localsgd or adaptive_localsgd True and gradient_compression not 'none'",
-    ),
-    Conflict(
-        "use_hierarchical_allreduce",
-        "allreduce_algorithm",
-        lambda v: (
-            v["use_hierarchical_allreduce"] is True
-            and v["allreduce_algorithm"] not in ("native", "hierarchical")
-        ),
-        "use_hierarchical_allreduce=True selects the hierarchical algorithm; it cannot also be "
-        "another one",
-        "use_hierarchical_allreduce True and allreduce_algorithm not 'native'/'hierarchical'",
-    ),
-    Conflict(
-        "mode",
-        "a_sync_configs",
-        _ps_configs_in_collective,
-        "a_sync_configs only configures the parameter-server mode; set mode='ps' or remove them",
-        "mode == 'collective' and any a_sync_configs key is not at its default",
-    ),
-)
-"""Declarative conflict rules, checked after every change."""
+FIELDS = FieldTable(_STATIC)

@@ -1,4 +1,5 @@
-"""Text renderings derived from the field table: the printed table and the markdown reference."""
+"""Text renderings derived from the field table and the registries: the printed table and the
+markdown reference."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import io
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from longboat.strategy.fields import CONFLICTS, FIELDS
+from longboat.registry import ALGORITHMS, COMPRESSORS
+from longboat.strategy.conflicts import CONFLICTS
+from longboat.strategy.fields import FIELDS
+from longboat.strategy.registered import COMPRESSION_FIELD
 from longboat.strategy.spec import GROUPS
 from longboat.strategy.values import Config
 
@@ -91,6 +95,38 @@ def config_markdown() -> str:
     return "\n".join(_md_table(("Config", "Key", "Type", "Default", "Meaning"), rows)) + "\n"
 
 
+def algorithm_markdown() -> str:
+    """Markdown table of the registered allreduce algorithms and their declarations."""
+    rows = [
+        (
+            f"`{e.name}`",
+            ", ".join(e.topologies) or "never",
+            "yes" if e.tune else "no",
+            "yes" if e.broadcast else "no",
+            e.doc,
+        )
+        for e in sorted(ALGORITHMS.entries(), key=lambda e: e.name)
+    ]
+    header = ("Algorithm", "Automatic choice on", "Tuned by auto", "Start-up broadcast", "Meaning")
+    return "\n".join(_md_table(header, rows)) + "\n"
+
+
+def compressor_markdown() -> str:
+    """Markdown table of the registered gradient compressors and their declarations."""
+    rows = [
+        (
+            f"`{e.name}`",
+            f"`{e.switch}=True`" if e.switch else f"`{COMPRESSION_FIELD}={e.name!r}`",
+            "yes" if e.lossy else "no",
+            f"`{e.name}_configs`" if e.config is not None else "none",
+            e.doc,
+        )
+        for e in sorted(COMPRESSORS.entries(), key=lambda e: e.name)
+    ]
+    header = ("Compressor", "Selected by", "Lossy", "Config", "Meaning")
+    return "\n".join(_md_table(header, rows)) + "\n"
+
+
 def conflict_markdown() -> str:
     """Markdown table of the conflict rules."""
     rows = [(f"`{c.first}`", f"`{c.second}`", c.condition, c.reason) for c in CONFLICTS]
@@ -124,6 +160,12 @@ def reference_markdown() -> str:
             "### Config keys",
             "",
             config_markdown(),
+            "### Allreduce algorithms",
+            "",
+            algorithm_markdown(),
+            "### Gradient compressors",
+            "",
+            compressor_markdown(),
             "### Conflicts",
             "",
             conflict_markdown(),

@@ -85,6 +85,8 @@ class FieldSpec:
         else:
             checks = [(self.name, self.type, self.default)]
         for label, vtype, default in checks:
+            if getattr(vtype, "lazy", False):
+                continue  # checked on first use, so that importing the table stays cheap
             try:
                 vtype.check(default)
             except Rejected:

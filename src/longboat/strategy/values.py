@@ -6,7 +6,7 @@ import difflib
 import math
 import numbers
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,7 @@ class ValueType:
     """Base of the scalar and list types; subclasses define ``short``, ``check``, ``parse``."""
 
     short: str = "value"
+    lazy: bool = False  # True: its valid values are known only when first checked
 
     def describe(self) -> str:
         """What a valid value is, for error messages."""
@@ -189,6 +190,37 @@ class Choice(ValueType):
     def check(self, value: Any) -> str:
         if not isinstance(value, str) or value not in self.choices:
             raise Rejected()
+        return value
+
+    def parse(self, text: str) -> str:
+        return text.strip()
+
+
+def _no_options() -> Sequence[str]:
+    return ()
+
+
+@dataclass(frozen=True)
+class RegistryChoice(ValueType):
+    """One name out of a set read when first needed (a registry's names, which may load its
+    built-in entries); a near miss is suggested."""
+
+    options: Callable[[], Sequence[str]] = _no_options
+    lazy: bool = True
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self.options())
+
+    @property
+    def short(self) -> str:  # type: ignore[override]
+        return "one of " + ", ".join(repr(c) for c in self.choices)
+
+    def check(self, value: Any) -> str:
+        choices = self.choices
+        if not isinstance(value, str) or value not in choices:
+            best = closest(value, choices) if isinstance(value, str) else None
+            raise Rejected(f"did you mean {best!r}?" if best else "")
         return value
 
     def parse(self, text: str) -> str:

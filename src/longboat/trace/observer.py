@@ -235,12 +235,9 @@ def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -
         )
     if recorder is None and watch is None:
         return optimizer
-    algorithm = (
-        "hierarchical" if strategy.use_hierarchical_allreduce else strategy.allreduce_algorithm
-    )
-    if strategy.fp16_allreduce:
-        algorithm += "+fp16"
-    observer = Observer(recorder, watch, algorithm)
+    from longboat.strategy.selection import allreduce_choice
+
+    observer = Observer(recorder, watch, allreduce_choice(strategy).label)
     reducer.observer = observer
     make_current(observer)
     on_shutdown(observer.close)

@@ -4,7 +4,9 @@ An algorithm is a small module with its state and one entry point: a factory
 ``make(group) -> AllreduceFn`` where ``AllreduceFn(tensor) -> Handle`` starts an in-place
 SUM allreduce of ``tensor`` over ``group`` and returns a handle whose ``wait()`` blocks until
 the result is in ``tensor``. The reducer only ever sees ``AllreduceFn``; adding an algorithm
-means adding a module and one ``register`` call, never touching the reducer.
+means adding a module and one ``register`` call (its declaration: which topologies the
+automatic choice may try it on, whether the start-up broadcast goes through it), never
+touching the reducer or the Strategy; see ``docs/algorithms.md``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from longboat.registry import Registry
+from longboat.registry import ALGORITHMS
 
 
 class Handle(Protocol):
@@ -28,18 +30,13 @@ AllreduceFn = Callable[[torch.Tensor], Handle]
 AlgorithmFactory = Callable[[dist.ProcessGroup], AllreduceFn]
 
 
-def _load_builtin() -> None:
-    from longboat.comm.algorithms import auto, hierarchical, native, ring, shm  # noqa: F401
-
-
-_ALGORITHMS: Registry[AlgorithmFactory] = Registry("allreduce algorithm", _load_builtin)
-register = _ALGORITHMS.register  # decorator: selectable as Strategy.allreduce_algorithm = name
-names = _ALGORITHMS.names
+register = ALGORITHMS.register  # decorator: selectable as Strategy.allreduce_algorithm = name
+names = ALGORITHMS.names
 
 
 def make(name: str, group: dist.ProcessGroup) -> AllreduceFn:
     """Build algorithm ``name`` for ``group`` (collective: every rank, in the same order)."""
-    return _ALGORITHMS.get(name)(group)
+    return ALGORITHMS.get(name)(group)
 
 
 class Done:

@@ -14,8 +14,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from longboat.comm.algorithms import AllreduceFn, Handle, make, names, register
+from longboat.comm.algorithms import AllreduceFn, Handle, make, register
 from longboat.log import get_logger
+from longboat.registry import ALGORITHMS, suits
 
 log = get_logger("longboat.comm")
 
@@ -24,20 +25,14 @@ _REPEATS = 3
 
 
 def candidates(group: dist.ProcessGroup) -> list[str]:
-    """Registered algorithms that make sense for ``group``'s placement."""
+    """Registered algorithms whose declared topologies suit ``group``'s placement, in
+    registration order ("native" first)."""
     import longboat.cluster as cluster
 
     topo = cluster.topology()
     ranks = [dist.get_global_rank(group, i) for i in range(dist.get_world_size(group))]
     nodes = {topo.node_of[r] for r in ranks}
-    found = ["native"]
-    if len(ranks) > 2 and "ring" in names():
-        found.append("ring")
-    if len(nodes) == 1 and len(ranks) > 1 and "shm" in names():
-        found.append("shm")
-    if len(nodes) > 1 and len(ranks) > len(nodes) and "hierarchical" in names():
-        found.append("hierarchical")
-    return found
+    return [e.name for e in ALGORITHMS.entries() if suits(e.topologies, len(ranks), len(nodes))]
 
 
 def _time(fn: AllreduceFn, tensor: torch.Tensor, group: dist.ProcessGroup) -> float:
@@ -51,7 +46,7 @@ def _time(fn: AllreduceFn, tensor: torch.Tensor, group: dist.ProcessGroup) -> fl
     return sorted(samples)[len(samples) // 2]
 
 
-@register("auto")
+@register("auto", broadcast=True)
 def make_auto(group: dist.ProcessGroup) -> AllreduceFn:
     """Measure the candidates on ``group`` and dispatch each tensor to the fastest."""
     choices = candidates(group)

@@ -229,7 +229,7 @@ class Hierarchical:
             self.intra.all_gather(flat)
 
 
-@register("hierarchical")
+@register("hierarchical", topologies=("multi_node",), broadcast=True)
 def make_hierarchical(
     group: dist.ProcessGroup,
     inter_nranks: int | None = None,

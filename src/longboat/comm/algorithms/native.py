@@ -8,7 +8,7 @@ import torch.distributed as dist
 from longboat.comm.algorithms import AllreduceFn, Done, Handle, register
 
 
-@register("native")
+@register("native", topologies=("any",))
 def make_native(group: dist.ProcessGroup) -> AllreduceFn:
     """Asynchronous in-place SUM allreduce through the backend's own algorithm."""
     single = dist.get_world_size(group) == 1

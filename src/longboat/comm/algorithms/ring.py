@@ -218,7 +218,7 @@ class _RingCall:
             ) from exc
 
 
-@register("ring")
+@register("ring", topologies=("many_ranks",), tune=False)
 def make_ring(
     group: dist.ProcessGroup, segment_bytes: int = DEFAULT_SEGMENT_BYTES
 ) -> AsyncAllreduce[Ring]:

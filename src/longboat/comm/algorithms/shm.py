@@ -468,7 +468,7 @@ class ShmAllreduce(BackgroundAllreduce):
         self.comm.close()
 
 
-@register("shm")
+@register("shm", topologies=("one_node",), broadcast=True)
 def make_shm(group: dist.ProcessGroup) -> AllreduceFn:
     """Asynchronous in-place SUM allreduce through /dev/shm; every rank must be on this node."""
     if dist.get_world_size(group) == 1:

@@ -5,8 +5,9 @@ starts the same in-place SUM allreduce as ``inner`` (on bucket buffers that alre
 ``grad / world_size``), but puts fewer bytes on the wire, and returns a handle at once. Every
 compressor returned here carries ``.stats`` (:class:`CompressorStats`): the bytes this rank
 sent, counted with the ring model ``2·S·(N−1)/N`` for an allreduce of ``S`` bytes over ``N``
-ranks. Adding one means a module with one ``@register_compressor`` factory; see
-``docs/compression.md``.
+ranks. Adding one means a module with one ``@register_compressor`` factory whose declaration
+carries its config keys and defaults (the Strategy's ``<name>_configs``) and whether it is
+lossy; see ``docs/compression.md``.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from torch.futures import Future
 
 from longboat.comm.algorithms import AllreduceFn, Handle
 from longboat.comm.background import AsyncAllreduce, FutureHandle
-from longboat.registry import Registry
+from longboat.registry import COMPRESSORS
 
 CompressorFactory = Callable[[AllreduceFn, dist.ProcessGroup, Mapping[str, Any]], AllreduceFn]
 
-_COMPRESSORS: Registry[CompressorFactory] = Registry("gradient compressor", lambda: _load_builtin())
-register_compressor = _COMPRESSORS.register  # decorator: selectable as compressor ``name``
-compressor_names = _COMPRESSORS.names
+register_compressor = COMPRESSORS.register  # decorator: selectable as compressor ``name``
+compressor_names = COMPRESSORS.names
 
 
 def make_compressor(
@@ -38,7 +38,7 @@ def make_compressor(
     config: Mapping[str, Any] | None = None,
 ) -> AllreduceFn:
     """Wrap ``inner`` (an AllreduceFn over ``group``) with compressor ``name``."""
-    return _COMPRESSORS.get(name)(inner, group, dict(config or {}))
+    return COMPRESSORS.get(name)(inner, group, dict(config or {}))
 
 
 @dataclass
@@ -177,7 +177,3 @@ class ThreadedCompressor:
         then close ``inner`` if it has a ``close()``."""
         self._async.close()
         close_inner(self.state.inner)
-
-
-def _load_builtin() -> None:
-    from longboat.comm.compress import cast, dgc, powersgd  # noqa: F401

@@ -42,14 +42,28 @@ from longboat.comm.compress import (
     register_compressor,
     ring_bytes,
 )
+from longboat.strategy.values import Config, Float, FloatList, Int, KeySpec
 
-DEFAULTS: dict[str, Any] = {
-    "rampup_begin_step": 0,
-    "rampup_step": 1,
-    "sparsity": [0.999],
-    "min_numel": 16384,
-    "momentum": 0.0,
-}
+CONFIG = Config(
+    (
+        KeySpec("rampup_begin_step", Int(0), 0, "step at which gradient compression starts"),
+        KeySpec("rampup_step", Int(1), 1, "steps over which sparsity ramps up"),
+        KeySpec(
+            "sparsity",
+            FloatList(Float(0, 1, hi_open=True)),
+            [0.999],
+            "sparsity schedule during ramp-up (fraction of gradient entries dropped)",
+        ),
+        KeySpec(
+            "min_numel",
+            Int(1),
+            16384,
+            "tensors with fewer elements are sent dense, not sparsified (longboat's key)",
+        ),
+    )
+)
+"""The keys of ``Strategy.dgc_configs``, with their defaults."""
+DEFAULTS: dict[str, Any] = {**CONFIG.defaults(), "momentum": 0.0}  # momentum: the optimizer's
 
 _INDEX_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64}
 _Key = tuple[int, int, torch.dtype, torch.device]
@@ -192,7 +206,9 @@ class DGC:
         return (self.world_size - 1) * pack.numel() * pack.element_size()
 
 
-@register_compressor("dgc")
+@register_compressor(
+    "dgc", config=CONFIG, lossy=True, switch="dgc", title="deep-gradient-compression"
+)
 def make_dgc(
     inner: AllreduceFn, group: dist.ProcessGroup, config: Mapping[str, Any]
 ) -> AllreduceFn:

@@ -49,15 +49,22 @@ from longboat.comm.compress import (
     register_compressor,
     ring_bytes,
 )
+from longboat.strategy.values import Bool, Config, Int, KeySpec
 
-DEFAULTS: dict[str, Any] = {
-    "rank": 1,
-    "start_step": 10,
-    "warm_start": True,
-    "error_feedback": True,
-    "min_compression_bytes": 64 << 10,
-    "seed": 0,
-}
+CONFIG = Config(
+    (
+        KeySpec("rank", Int(1), 1, "rank of the low-rank approximation of each gradient matrix"),
+        KeySpec("start_step", Int(0), 10, "plain allreduces before compression starts (warm-up)"),
+        KeySpec("warm_start", Bool(), True, "reuse last step's Q instead of a fresh random one"),
+        KeySpec("error_feedback", Bool(), True, "carry what compression lost into the next step"),
+        KeySpec(
+            "min_compression_bytes", Int(0), 64 << 10, "buckets smaller than this go uncompressed"
+        ),
+        KeySpec("seed", Int(0), 0, "seed of the initial Q (the same on every rank)"),
+    )
+)
+"""The keys of ``Strategy.powersgd_configs``, with their defaults."""
+DEFAULTS: dict[str, Any] = CONFIG.defaults()
 
 _Key = tuple[int, int, torch.dtype, torch.device]
 Layout = Sequence[tuple[int, torch.Size]]  # (offset in the bucket, parameter shape)
@@ -291,7 +298,7 @@ class PowerSGD:
         flat.copy_(work)
 
 
-@register_compressor("powersgd")
+@register_compressor("powersgd", config=CONFIG, lossy=True, title="PowerSGD")
 def make_powersgd(
     inner: AllreduceFn, group: dist.ProcessGroup, config: Mapping[str, Any]
 ) -> AllreduceFn:

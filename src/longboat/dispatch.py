@@ -1,0 +1,35 @@
+"""``lb.distribute``: hand a model and optimizer to the engine of the Strategy's mode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+import longboat.cluster as cluster
+from longboat.ownership import check_optimizer_owns_model_params
+from longboat.strategy import Strategy
+
+
+def distribute(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    strategy: Strategy | None = None,
+) -> tuple[nn.Module, Any]:
+    """Make ``model`` (and ``optimizer``) distributed as ``strategy`` says: collective
+    data-parallel (``longboat.collective.engine``) or parameter-server (``longboat.ps``).
+
+    ``strategy`` defaults to the one ``lb.init`` was given, else ``Strategy()``. An optimizer
+    holding parameters that are not in ``model`` is refused (their gradients would never be
+    averaged across ranks).
+    """
+    strategy = strategy or cluster.current_strategy() or Strategy()
+    check_optimizer_owns_model_params(model, optimizer)
+    if strategy.mode == "ps":
+        from longboat.ps.engine import distribute as ps_distribute
+
+        return ps_distribute(model, optimizer, strategy)
+    from longboat.collective.engine import distribute as collective_distribute
+
+    return collective_distribute(model, optimizer, strategy)

@@ -1,0 +1,45 @@
+"""The optimizer must update only the model's parameters: a parameter outside the model is
+never averaged across ranks, so the replicas would silently drift apart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+class ForeignParameterError(ValueError):
+    """The optimizer holds parameters that are not in the model given to ``lb.distribute``."""
+
+
+def check_optimizer_owns_model_params(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> None:
+    """Raise `ForeignParameterError` naming the foreign parameters and the fix."""
+    if optimizer is None:
+        return
+    owned = {id(p) for p in model.parameters()}
+    foreign = [
+        (g, i, p)
+        for g, group in enumerate(optimizer.param_groups)
+        for i, p in enumerate(_params(group["params"]))
+        if id(p) not in owned
+    ]
+    if not foreign:
+        return
+    shown = ", ".join(
+        f"param_groups[{g}]['params'][{i}] (shape {tuple(p.shape)})" for g, i, p in foreign[:3]
+    )
+    more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    raise ForeignParameterError(
+        f"{type(optimizer).__name__} holds {len(foreign)} parameter(s) that are not in the "
+        f"model passed to lb.distribute: {shown}{more}. Their gradients would never be "
+        "averaged across ranks. Build the optimizer from that model's parameters "
+        "(optimizer = SGD(model.parameters(), ...)), or put the module owning them into the "
+        "model you distribute (e.g. nn.ModuleDict({'net': net, 'head': head}))"
+    )
+
+
+def _params(params: Iterable[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
+    return [params] if isinstance(params, torch.Tensor) else list(params)

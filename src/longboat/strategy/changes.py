@@ -1,0 +1,325 @@
+"""What a keyword argument, assignment, file or environment variable asks the Strategy to
+change, and the validation of each change and of the conflict rules."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from longboat.strategy.conflicts import CONFLICTS
+from longboat.strategy.fields import FIELDS
+from longboat.strategy.spec import ENV_PREFIX, STATUS_KINDS, FieldSpec, Group, StatusKind
+from longboat.strategy.values import (
+    Config,
+    Rejected,
+    StrategyError,
+    ValueType,
+    closest,
+    unknown_name_error,
+)
+
+logger = logging.getLogger("longboat.strategy")
+
+KNOWN_ENV_VARS: set[str] = {
+    "LONGBOAT_ALL_ENDPOINTS",
+    "LONGBOAT_BACKEND",
+    "LONGBOAT_CONFIG",
+    "LONGBOAT_DEVICES",
+    "LONGBOAT_EMULATE_BANDWIDTH",
+    "LONGBOAT_EMULATE_LATENCY",
+    "LONGBOAT_ENDPOINT_PORTS",
+    "LONGBOAT_HOST_IP",
+    "LONGBOAT_LAUNCH_TIMEOUT",
+    "LONGBOAT_LOCAL_RANK",
+    "LONGBOAT_LOCAL_WORLD_SIZE",
+    "LONGBOAT_LOG_DIR",
+    "LONGBOAT_LOG_FILE",
+    "LONGBOAT_LOG_LEVEL",
+    "LONGBOAT_MASTER_ADDR",
+    "LONGBOAT_MASTER_PORT",
+    "LONGBOAT_NNODES",
+    "LONGBOAT_NODE_RANK",
+    "LONGBOAT_NPROC_PER_NODE",
+    "LONGBOAT_NUM_SERVERS",
+    "LONGBOAT_PS_CHECKPOINT_DIR",
+    "LONGBOAT_PS_CHECKPOINT_EVERY",
+    "LONGBOAT_PS_MAX_MESSAGE_MB",
+    "LONGBOAT_PS_BODY_TIMEOUT",
+    "LONGBOAT_PS_MAX_CALLS",
+    "LONGBOAT_PS_MAX_CONNECTIONS",
+    "LONGBOAT_PS_MAX_STREAMS",
+    "LONGBOAT_PS_TIMEOUT",
+    "LONGBOAT_PS_TOKEN",
+    "LONGBOAT_PS_TOKEN_FILE",
+    "LONGBOAT_RANK",
+    "LONGBOAT_ROLE",
+    "LONGBOAT_ROLE_RANK",
+    "LONGBOAT_RUN_ID",
+    "LONGBOAT_SHM_DIR",
+    "LONGBOAT_TIMEOUT",
+    "LONGBOAT_WORLD_SIZE",
+}
+"""``LONGBOAT_*`` variables that are not Strategy fields; other modules add theirs here."""
+
+DEFAULT, CODE, FILE = "default", "code", "file"
+ENV_SOURCE = "env:"
+
+GROUP_KEYS: dict[str, Group] = {
+    "build_strategy": "BuildStrategy",
+    "BuildStrategy": "BuildStrategy",
+    "execution_strategy": "ExecutionStrategy",
+    "ExecutionStrategy": "ExecutionStrategy",
+}
+"""Nested keys (Fleet's spellings and the group names) that address a group of fields."""
+NESTED_KEY: dict[Group, str] = {
+    "BuildStrategy": "build_strategy",
+    "ExecutionStrategy": "execution_strategy",
+}
+
+
+class _EnvFields(Mapping[str, str]):
+    """``{LONGBOAT_<FIELD>: field}`` for every current field."""
+
+    def _current(self) -> dict[str, str]:
+        return {spec.env_var: name for name, spec in FIELDS.items()}
+
+    def __getitem__(self, var: str) -> str:
+        return self._current()[var]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+
+ENV_FIELDS: Mapping[str, str] = _EnvFields()
+
+
+def attribute_names() -> list[str]:
+    """Every field name and group key: what ``Strategy`` attributes may be called."""
+    return [*FIELDS, *GROUP_KEYS]
+
+
+def fields_by_status(kind: StatusKind) -> tuple[str, ...]:
+    """Field names with status ``kind`` (for the base value or for any particular value)."""
+    if kind not in STATUS_KINDS:
+        raise StrategyError(f"unknown status {kind!r}; choose one of {', '.join(STATUS_KINDS)}")
+    return tuple(n for n, s in FIELDS.items() if any(st.kind == kind for st in s.statuses()))
+
+
+def field_spec(name: str) -> FieldSpec:
+    """The spec of field ``name``; StrategyError with a suggestion if there is none."""
+    spec = FIELDS.get(name)
+    if spec is None:
+        raise unknown_name_error("Strategy field", str(name), attribute_names())
+    return spec
+
+
+@dataclass(frozen=True)
+class Change:
+    field: str
+    key: str | None  # config key; None for a whole scalar field
+    value: Any  # as given, not yet validated
+    source: str
+    where: str  # error context ("" for code)
+
+    @property
+    def path(self) -> str:
+        return self.field if self.key is None else f"{self.field}.{self.key}"
+
+
+@contextmanager
+def context(where: str) -> Iterator[None]:
+    """Prefix StrategyErrors raised inside with ``where`` (a file or an env variable)."""
+    try:
+        yield
+    except StrategyError as error:
+        if not where:
+            raise
+        raise type(error)(f"{where}: {error}") from None
+
+
+def field_changes(name: str, value: Any, source: str, where: str) -> list[Change]:
+    spec = field_spec(name)
+    if not isinstance(spec.type, Config):
+        return [Change(name, None, value, source, where)]
+    if not isinstance(value, Mapping):
+        raise StrategyError(
+            f"Strategy.{name} must be {spec.type.describe()}, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    return [Change(name, str(k), v, source, where) for k, v in value.items()]
+
+
+def check_group_member(group: Group, name: str) -> None:
+    spec = FIELDS.get(name)
+    if spec is None:
+        raise unknown_name_error(f"{group} field", str(name), FIELDS)
+    if spec.group != group:
+        if spec.group in NESTED_KEY:
+            how = f"strategy.{NESTED_KEY[spec.group]} = {{{name!r}: ...}}"
+        else:
+            how = f"strategy.{name} = ..."
+        raise StrategyError(f"{name!r} belongs to {spec.group}, not to {group}; set it with {how}")
+
+
+def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat ``{field: value}`` from flat and/or nested (build_strategy, ...) keys."""
+    flat: dict[str, Any] = {}
+
+    def put(name: str, value: Any, via: str) -> None:
+        if name in flat:
+            raise StrategyError(f"Strategy field {name!r} is given twice ({via})")
+        flat[name] = value
+
+    for name, value in data.items():
+        group = GROUP_KEYS.get(name)
+        if group is None:
+            field_spec(name)
+            put(name, value, "flat")
+            continue
+        if not isinstance(value, Mapping):
+            raise StrategyError(
+                f"{name} must be a mapping of {group} fields, got {value!r} ({type(value).__name__})"
+            )
+        for sub, sub_value in value.items():
+            check_group_member(group, sub)
+            put(sub, sub_value, f"flat and under {name}")
+    return flat
+
+
+def collect_changes(data: Mapping[str, Any], source: str, where: str = "") -> list[Change]:
+    with context(where):
+        flat = flatten(data)
+        return [c for n, v in flat.items() for c in field_changes(n, v, source, where)]
+
+
+def parse_env(spec: FieldSpec, text: str) -> Any:
+    try:
+        return spec.type.parse(text)
+    except (ValueError, yaml.YAMLError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise StrategyError(
+            f"cannot read {text!r} as {spec.type.describe()} for Strategy.{spec.name} "
+            f"({first_line})"
+        ) from None
+
+
+def env_changes(env: Mapping[str, str]) -> list[Change]:
+    """Changes asked for by ``LONGBOAT_<FIELD>`` variables; warns about unknown ones."""
+    changes: list[Change] = []
+    for name, spec in FIELDS.items():
+        var = spec.env_var
+        if var not in env:
+            continue
+        where = f"environment variable {var}={env[var]!r}"
+        with context(where):
+            value = parse_env(spec, env[var])
+            changes += field_changes(name, value, ENV_SOURCE + var, where)
+    warn_unknown_env(env)
+    return changes
+
+
+def warn_unknown_env(env: Mapping[str, str]) -> None:
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX) or var in ENV_FIELDS or var in KNOWN_ENV_VARS:
+            continue
+        best = closest(var, ENV_FIELDS)
+        hint = f"; did you mean {best} (Strategy.{ENV_FIELDS[best]})?" if best else ""
+        logger.warning(
+            "environment variable %s is neither a Strategy field nor a known longboat "
+            "variable, so it is ignored%s",
+            var,
+            hint,
+        )
+
+
+def check(vtype: ValueType, value: Any, label: str) -> Any:
+    try:
+        return vtype.check(value)
+    except Rejected as rejected:
+        detail = f"; {rejected.detail}" if rejected.detail else ""
+        raise StrategyError(
+            f"{label} must be {vtype.describe()}, got {value!r} ({type(value).__name__}){detail}"
+        ) from None
+
+
+def validate(change: Change) -> Any:
+    """The normalised value of ``change``; StrategyError if it is invalid or refused."""
+    spec = FIELDS[change.field]
+    if isinstance(spec.type, Config):
+        key = spec.type.key(str(change.key))
+        if key is None:
+            raise unknown_name_error(
+                f"Strategy.{spec.name} key", str(change.key), spec.type.names()
+            )
+        return check(key.type, change.value, f"Strategy.{spec.name}[{key.name!r}]")
+    value = check(spec.type, change.value, f"Strategy.{spec.name}")
+    refusal = spec.status.refusal
+    if refusal and value != spec.default:
+        kind = (
+            "has no meaning in longboat" if spec.status.kind == "not applicable" else "is refused"
+        )
+        raise StrategyError(f"Strategy.{spec.name}={value!r} {kind}: {refusal}")
+    return value
+
+
+def shown(name: str, values: Mapping[str, Any]) -> str:
+    """``values[name]`` for messages; configs show only their non-default keys."""
+    spec = FIELDS[name]
+    value = values[name]
+    if spec.is_config:
+        value = {k: v for k, v in value.items() if v != spec.default[k]}
+    return repr(value)
+
+
+def check_conflicts(values: Mapping[str, Any]) -> None:
+    for rule in CONFLICTS:
+        if rule.when(values):
+            a, b = rule.first, rule.second
+            raise StrategyError(
+                f"conflicting settings: Strategy.{a}={shown(a, values)} and "
+                f"Strategy.{b}={shown(b, values)} cannot be combined: {rule.reason}"
+            )
+
+
+def file_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        return "yaml"
+    if suffix == ".json":
+        return "json"
+    raise StrategyError(f"{path}: unknown strategy file type {suffix!r}; use .yaml, .yml or .json")
+
+
+def read_mapping(path: Path) -> Mapping[str, Any]:
+    """The fields in a YAML or JSON strategy file."""
+    kind = file_format(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text) if kind == "yaml" else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as error:
+        raise StrategyError(f"{path}: not valid {kind}: {error}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise StrategyError(
+            f"{path}: expected a mapping of Strategy fields, got {type(data).__name__}"
+        )
+    return data
+
+
+def launcher_file_changes(env: Mapping[str, str]) -> list[Change]:
+    """The file ``longboat launch --config`` exported as LONGBOAT_CONFIG, if any."""
+    path = env.get("LONGBOAT_CONFIG")
+    if not path:
+        return []
+    return collect_changes(read_mapping(Path(path)), FILE, f"LONGBOAT_CONFIG={path}")

@@ -1,0 +1,93 @@
+"""Per-feature config tables of the Strategy (Fleet's ``*_configs`` dicts).
+
+The gradient compressors' tables (``powersgd_configs``, ``dgc_configs``, ...) are not here:
+each compressor declares its own with its registration (``longboat.registry.COMPRESSORS``).
+"""
+
+from __future__ import annotations
+
+from longboat.strategy.values import (
+    Bool,
+    Choice,
+    Config,
+    Float,
+    Int,
+    KeySpec,
+    StrList,
+)
+
+AMP_CONFIGS = Config(
+    (
+        KeySpec("init_loss_scaling", Float(0, lo_open=True), 32768.0, "initial loss scale"),
+        KeySpec("incr_every_n_steps", Int(1), 1000, "grow the scale after this many finite steps"),
+        KeySpec("decr_every_n_nan_or_inf", Int(1), 2, "shrink the scale after this many overflows"),
+        KeySpec("incr_ratio", Float(1, lo_open=True), 2.0, "factor the scale grows by"),
+        KeySpec("decr_ratio", Float(0, 1, True, True), 0.8, "factor the scale shrinks by"),
+        KeySpec("use_dynamic_loss_scaling", Bool(), True, "adapt the loss scale while training"),
+        KeySpec("custom_white_list", StrList(), [], "ops forced to run in low precision"),
+        KeySpec("custom_black_list", StrList(), [], "ops forced to run in float32"),
+        KeySpec("custom_black_varnames", StrList(), [], "tensors kept in float32"),
+        KeySpec("use_pure_fp16", Bool(), False, "cast the whole model, not op by op"),
+        KeySpec("use_fp16_guard", Bool(), True, "with use_pure_fp16, cast only guarded regions"),
+        KeySpec("dtype", Choice(("float16", "bfloat16")), "float16", "low-precision dtype"),
+    )
+)
+GRADIENT_MERGE_CONFIGS = Config(
+    (
+        KeySpec("k_steps", Int(1), 1, "micro-steps accumulated before one allreduce and update"),
+        KeySpec("avg", Bool(), True, "average (True) or sum (False) the accumulated gradients"),
+    )
+)
+LOCALSGD_CONFIGS = Config(
+    (
+        KeySpec("k_steps", Int(1), 1, "local steps between parameter averages"),
+        KeySpec("begin_step", Int(1), 1, "step at which local SGD starts"),
+    )
+)
+ADAPTIVE_LOCALSGD_CONFIGS = Config(
+    (
+        KeySpec("init_k_steps", Int(1), 1, "initial local steps between parameter averages"),
+        KeySpec("begin_step", Int(1), 1, "step at which adaptive local SGD starts"),
+    )
+)
+LARS_CONFIGS = Config(
+    (
+        KeySpec("lars_coeff", Float(0, lo_open=True), 0.001, "trust coefficient"),
+        KeySpec("lars_weight_decay", Float(0), 0.0005, "weight decay"),
+        KeySpec("epsilon", Float(0), 0.0, "added to the denominator of the local learning rate"),
+        KeySpec("exclude_from_weight_decay", StrList(), [], "parameter-name patterns not decayed"),
+    )
+)
+LAMB_CONFIGS = Config(
+    (
+        KeySpec("lamb_weight_decay", Float(0), 0.01, "weight decay"),
+        KeySpec("exclude_from_weight_decay", StrList(), [], "parameter-name patterns not decayed"),
+    )
+)
+A_SYNC_CONFIGS = Config(
+    (
+        KeySpec(
+            "k_steps",
+            Int(-1),
+            -1,
+            "with a_sync=True: -1 or 0 async (half-async with use_thread_barrier), "
+            ">0 geo-SGD every k steps; with a_sync=False: sync",
+        ),
+        KeySpec("max_merge_var_num", Int(1), 1, "gradients merged into one send"),
+        KeySpec("send_queue_size", Int(1), 16, "per-variable send queue length"),
+        KeySpec("independent_recv_thread", Bool(), False, "receive on a dedicated thread"),
+        KeySpec("min_send_grad_num_before_recv", Int(1), 1, "sends between two receives"),
+        KeySpec("thread_pool_size", Int(1), 1, "communicator threads"),
+        KeySpec("send_wait_times", Int(1), 1, "waits before a partial batch is sent"),
+        KeySpec("runtime_split_send_recv", Bool(), False, "split variables at run time"),
+        KeySpec("launch_barrier", Bool(), True, "trainers wait for servers at start"),
+        KeySpec("lr_decay_steps", Int(1), 10, "steps between learning-rate decays on servers"),
+        KeySpec(
+            "update_on_server",
+            Bool(),
+            True,
+            "MXNet's update_on_kvstore: the optimizer runs on the servers (True) or the servers "
+            "only average gradients and trainers run it (False, sync mode; longboat's key)",
+        ),
+    )
+)

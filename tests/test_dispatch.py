@@ -1,0 +1,31 @@
+"""lb.distribute refuses an optimizer that updates parameters outside the model, in both modes,
+before anything is started."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import longboat as lb
+from longboat.ownership import ForeignParameterError
+
+
+@pytest.mark.parametrize("mode", ["collective", "ps"])
+def test_optimizer_with_parameters_outside_the_model_is_refused(mode: str) -> None:
+    net, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD([*net.parameters(), *head.parameters()], lr=0.1)
+    with pytest.raises(ForeignParameterError) as caught:
+        lb.distribute(net, optimizer, lb.Strategy(mode=mode))
+    message = str(caught.value)
+    assert "holds 2 parameter(s) that are not in the model" in message
+    assert "param_groups[0]['params'][2] (shape (2, 4))" in message
+    assert "nn.ModuleDict" in message  # names the fix
+    assert not lb.is_initialized()
+
+
+def test_frozen_model_parameters_left_out_of_the_optimizer_are_fine() -> None:
+    from longboat.ownership import check_optimizer_owns_model_params
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    check_optimizer_owns_model_params(model, torch.optim.SGD(model[1].parameters(), lr=0.1))
+    check_optimizer_owns_model_params(model, None)
