@@ -88,7 +88,9 @@ def test_kvstore_on_servers_equals_one_local_process(tmp_path):
     whole global batch in one process."""
     command, args = RUNS["kvstore_digits.py"]
     out = _run(tmp_path, command, "kvstore_digits.py", args)
-    assert "every trainer stopped" in out, out[-2000:]  # the server ended with the workers
+    server_log = (tmp_path / "log" / "serverlog.0").read_text()
+    assert "every trainer stopped" in server_log, server_log  # the server ended with the workers
+    assert "worker 0/2 epoch 2" in out, out[-2000:]  # the console shows trainer 0
     local = ["--kvstore", "local", "--update-on-kvstore", "0", "--save", "{tmp}/local.pt"]
     out = _run(tmp_path, [sys.executable], "kvstore_digits.py", local)
     accuracy = [float(a) for a in re.findall(r"test accuracy ([0-9.]+)", out)]

@@ -60,12 +60,14 @@ def test_other_ranks_stay_quiet_and_bad_n_is_refused(caplog: pytest.LogCaptureFi
 
 def test_a_sized_total_gives_steps_of_total_and_an_eta(caplog: pytest.LogCaptureFixture) -> None:
     loader = [None] * 6  # anything with a length: a DataLoader in practice
-    with caplog.at_level("INFO", logger="longboat.metrics"):
-        with lb.log_every(2, total=loader, rank=0) as logger:
-            for _ in loader:
-                logger.step(torch.tensor(1.0))
-                if logger.steps == 2:
-                    first = dict(logger.last)
+    with (
+        caplog.at_level("INFO", logger="longboat.metrics"),
+        lb.log_every(2, total=loader, rank=0) as logger,
+    ):
+        for _ in loader:
+            logger.step(torch.tensor(1.0))
+            if logger.steps == 2:
+                first = dict(logger.last)
     lines = [r.getMessage() for r in caplog.records if r.name == "longboat.metrics"]
     assert lines[0].startswith("step 2/6: ") and " eta " in lines[0], lines[0]
     assert first["eta_s"] == pytest.approx(4 / first["steps_per_s"])

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from longboat.optim.extend import is_extended
+
 
 class ForeignParameterError(ValueError):
     """The optimizer holds parameters that are not in the model given to ``lb.distribute``."""
@@ -28,6 +30,11 @@ def check_optimizer_owns_model_params(
     ]
     if not foreign:
         return
+    if is_extended(optimizer):
+        raise ForeignParameterError(
+            f"this {type(optimizer).__name__} was already passed to lb.distribute with another "
+            "model; build a new optimizer from this model's parameters"
+        )
     shown = ", ".join(
         f"param_groups[{g}]['params'][{i}] (shape {tuple(p.shape)})" for g, i, p in foreign[:3]
     )

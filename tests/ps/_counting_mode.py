@@ -23,11 +23,6 @@ class CountingSync(SyncStep):
         self.steps += 1
 
 
-def unregister(name: str) -> None:
-    """Remove mode ``name`` (``Registry`` has no unregister; tests only)."""
-    modes._MODES._factories.pop(name, None)
-
-
 @contextlib.contextmanager
 def registered() -> Iterator[type[CountingSync]]:
     """``CountingSync`` selectable as ``mode=NAME`` inside the block."""
@@ -35,4 +30,4 @@ def registered() -> Iterator[type[CountingSync]]:
     try:
         yield CountingSync
     finally:
-        unregister(NAME)
+        modes.unregister(NAME)

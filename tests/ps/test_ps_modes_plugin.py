@@ -34,8 +34,10 @@ def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _train(eps: list[str], token: str, **overrides: Any) -> list[tuple[Any, list[torch.Tensor]]]:
     """STEPS sync steps of TRAINERS trainers (threads); each trainer's mode and parameters."""
 
+    models = [_model() for _ in range(TRAINERS)]  # here: torch's seed is global to the threads
+
     def connect(rank: int) -> tuple[Any, Any]:
-        model = _model()
+        model = models[rank]
         strategy = lb.Strategy(mode="ps", a_sync=False)
         return lb.ps.distribute(
             model, torch.optim.SGD(model.parameters(), lr=0.1), strategy,

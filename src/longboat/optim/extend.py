@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Any, TypeVar
 
-__all__ = ["extend"]
+__all__ = ["extend", "is_extended"]
 
 T = TypeVar("T")
 
@@ -32,7 +32,12 @@ def _declared(mixin: type) -> set[str]:
 @functools.cache
 def _subclass(base: type, mixin: type, name: str) -> type:
     """One class per (base, mixin, name): optimizers extended alike share their class."""
-    return type(name, (mixin, base), {"__module__": mixin.__module__})
+    return type(name, (mixin, base), {"__module__": mixin.__module__, "_lb_extended": True})
+
+
+def is_extended(obj: object) -> bool:
+    """Whether ``obj`` was extended by `extend` (e.g. an optimizer already distributed)."""
+    return getattr(type(obj), "_lb_extended", False) is True
 
 
 def extend(obj: T, mixin: type, name: str | None = None, **collaborators: Any) -> T:

@@ -85,6 +85,7 @@ _MODES: Registry[type[Mode]] = Registry("parameter-server mode")
 register = _MODES.register  # class decorator: selectable as PSConfig.mode = name
 names = _MODES.names
 get = _MODES.get
+unregister = _MODES.unregister  # tests remove what they registered
 
 # the built-in modes register on import of this package (not lazily on first lookup: trainers
 # of one process may look a mode up from several threads at once)
