@@ -39,7 +39,9 @@ def _train(rank: int, world: int, trace: str | None, steps: int) -> tuple[float,
     strategy = lb.Strategy(timeline=trace, nccl_comm_num=2, fuse_grad_size_in_MB=0.001)
     lb.init(strategy)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)
+    )
     model, opt = lb.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
     x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
     first, started = 0.0, time.perf_counter()
@@ -56,8 +58,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8000)
     args = parser.parse_args()
-    print(f"| timeline | rank | RSS at step {FIRST_MARK} -> {args.steps} (MB) | KB/step | "
-          "wall (s) | trace bytes/step |")
+    print(
+        f"| timeline | rank | RSS at step {FIRST_MARK} -> {args.steps} (MB) | KB/step | "
+        "wall (s) | trace bytes/step |"
+    )
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for on in (False, True):
@@ -67,8 +71,10 @@ def main() -> None:
                 growth = (last - first) * 1024 / (args.steps - FIRST_MARK)
                 size = Path(tmp, f"trace.rank{rank}.json")
                 per_step = f"{size.stat().st_size / args.steps:.0f}" if on else "-"
-                print(f"| {'on' if on else 'off'} | {rank} | {first:.1f} -> {last:.1f} | "
-                      f"{growth:.2f} | {wall:.1f} | {per_step} |")
+                print(
+                    f"| {'on' if on else 'off'} | {rank} | {first:.1f} -> {last:.1f} | "
+                    f"{growth:.2f} | {wall:.1f} | {per_step} |"
+                )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The run behind docs/img/overlap.png: 10 steps of a 3.2 M-parameter MLP with the timeline on.
 
-    longboat launch --nproc-per-node 2 benchmarks/timeline_run.py trace.json
-    longboat timeline trace.json -o docs/img/overlap.png
+longboat launch --nproc-per-node 2 benchmarks/timeline_run.py trace.json
+longboat timeline trace.json -o docs/img/overlap.png
 """
 
 from __future__ import annotations

@@ -79,9 +79,7 @@ def _values_by_rank(name: str, tables: list[dict[str, list[Any]]]) -> str:
         if key not in groups:
             groups[key] = (value, [], source)
         groups[key][1].append(rank)
-    parts = [
-        f"{value!r} on {_ranks(ranks)} ({source})" for value, ranks, source in groups.values()
-    ]
+    parts = [f"{value!r} on {_ranks(ranks)} ({source})" for value, ranks, source in groups.values()]
     return "; ".join(parts)
 
 
