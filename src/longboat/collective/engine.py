@@ -13,7 +13,7 @@ from torch import nn
 
 import longboat.cluster as cluster
 from longboat.collective.amp import Amp
-from longboat.collective.autotune import Builder, Candidate, make_tuner
+from longboat.collective.autotune import AutoTuner, Builder, Candidate, make_tuner
 from longboat.collective.buckets import BucketPlan, GradSpec, layer_of, plan_buckets
 from longboat.collective.consistency import (
     broadcast_state,
@@ -79,11 +79,12 @@ def distribute(
     reducer, compressors = build_reducer(
         named, strategy, optimizer, communicators=comm.pair, check_finite=scaled
     )
-    wrapped = _wrap_model(model, strategy, reducer, compressors, amp, named)
-    if strategy.auto:
-        wrapped.tuner = make_tuner(
-            strategy, _candidate_builder(named, strategy, optimizer, scaled, comm)
-        )
+    tuner = (
+        make_tuner(strategy, _candidate_builder(named, strategy, optimizer, scaled, comm))
+        if strategy.auto
+        else None
+    )
+    wrapped = _wrap_model(model, strategy, reducer, compressors, amp, named, tuner)
     optimizer = _wrap_optimizer(optimizer, strategy, wrapped, named, scaled)
     from longboat.trace import attach  # timeline and stall inspector, as the strategy asks
 
@@ -156,11 +157,12 @@ def _wrap_model(
     compressors: list,
     amp: Amp | None,
     named: list[tuple[str, nn.Parameter]],
+    tuner: AutoTuner | None,
 ) -> DistributedModel:
-    """The module wrapper: gradient merge, local SGD, AMP around ``reducer``."""
+    """The module wrapper: gradient merge, local SGD, AMP, auto-tuning around ``reducer``."""
     merge = strategy.gradient_merge
     local_sgd = _local_sgd(strategy, [p for _, p in named])
-    wrapped = DistributedModel(
+    return DistributedModel(
         model,
         reducer,
         k_steps=int(strategy.gradient_merge_configs["k_steps"]) if merge else 1,
@@ -168,10 +170,10 @@ def _wrap_model(
         communicate=local_sgd is None,
         amp=amp,
         compressors=compressors,
+        local_sgd=local_sgd,
+        tuner=tuner,
+        strategy=strategy,
     )
-    wrapped.strategy = strategy  # type: ignore[assignment]
-    wrapped.local_sgd = local_sgd
-    return wrapped
 
 
 def _wrap_optimizer(

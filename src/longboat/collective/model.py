@@ -33,12 +33,16 @@ class DistributedModel(nn.Module):
         communicate: bool = True,
         amp: Amp | None = None,
         compressors: Sequence[Any] = (),
+        local_sgd: Any = None,
+        tuner: Any = None,
+        strategy: Any = None,
     ):
         super().__init__()
         self.amp = amp
         self.compressors = tuple(compressors)  # one per communicator, each with ``.stats``
-        self.local_sgd: Any = None  # LocalSGD / AdaptiveLocalSGD when it replaces the reducer
-        self.tuner: Any = None  # Strategy(auto=True): an AutoTuner that swaps the reducer
+        self.local_sgd = local_sgd  # LocalSGD / AdaptiveLocalSGD when it replaces the reducer
+        self.tuner = tuner  # Strategy(auto=True): an AutoTuner that swaps the reducer
+        self.strategy = strategy  # the Strategy it was built with (None outside lb.distribute)
         self.communicate = communicate  # False under local SGD: parameters are averaged instead
         self.module = module
         self.reducer = reducer
