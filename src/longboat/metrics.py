@@ -67,29 +67,13 @@ class LogEvery:
 
     def _start_progress(self, total: int | None, description: str) -> None:
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
+
+        from longboat.tools.progress import make_bar
 
         console = Console(stderr=True)
         if not console.is_terminal:
             return  # logs a line every n steps instead
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[metrics]}"),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        )
+        self._progress = make_bar(console, "{task.fields[metrics]}")
         self._task = self._progress.add_task(description, total=total, metrics="")
         self._progress.start()
 

@@ -21,6 +21,19 @@ def progress(
     if not (show and console.is_terminal):
         yield lambda steps=1, **_: None
         return
+    shown = "  ".join(f"{name} {{task.fields[{name}]}}" for name in fields)
+    with make_bar(console, shown) as bar:
+        task = bar.add_task(description, total=total, **{k: _fmt(v) for k, v in fields.items()})
+
+        def advance(steps: int = 1, **update: Any) -> None:
+            bar.update(task, advance=steps, **{k: _fmt(v) for k, v in update.items()})
+
+        yield advance
+
+
+def make_bar(console: Any, fields: str) -> Any:
+    """A rich Progress: description, bar, done/total, ``fields`` (a column template), elapsed
+    time and ETA (also `lb.log_every`'s bar)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -30,23 +43,16 @@ def progress(
         TimeRemainingColumn,
     )
 
-    shown = "  ".join(f"{name} {{task.fields[{name}]}}" for name in fields)
-    with Progress(
+    return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn(shown),
+        TextColumn(fields),
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
         console=console,
-    ) as bar:
-        task = bar.add_task(description, total=total, **{k: _fmt(v) for k, v in fields.items()})
-
-        def advance(steps: int = 1, **update: Any) -> None:
-            bar.update(task, advance=steps, **{k: _fmt(v) for k, v in update.items()})
-
-        yield advance
+    )
 
 
 def _fmt(value: Any) -> str:
