@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "log_every": "longboat.metrics",
     "LogEvery": "longboat.metrics",
     "trace": "longboat.trace",
+    "elastic": "longboat.elastic",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -52,7 +53,8 @@ def __getattr__(name: str) -> Any:
     if target is None:
         raise AttributeError(f"module 'longboat' has no attribute {name!r}")
     module, _, attr = target.partition(":")
-    value = getattr(importlib.import_module(module), attr or name)
+    imported = importlib.import_module(module)
+    value = imported if module == f"longboat.{name}" else getattr(imported, attr or name)
     globals()[name] = value
     return value
 

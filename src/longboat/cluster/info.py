@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Source = Literal["torch", "paddle", "horovod", "slurm", "openmpi", "single"]
 
@@ -32,6 +32,7 @@ class ClusterInfo:
     source: Source
     backend: str | None = None
     node_key: str | None = None
+    elastic_round: Any = None  # longboat.elastic.membership.Membership in an elastic job
 
     def describe(self) -> str:
         """One human-readable line, e.g. for the startup log."""

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from longboat.cluster.env import discover
 from longboat.cluster.info import ClusterError, ClusterInfo
 from longboat.cluster.topology import Topology, gather_topology, node_key
+from longboat.elastic.membership import connect_store, elastic_dir, read_membership
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -94,6 +95,8 @@ def _make_store(info: ClusterInfo, timeout: timedelta) -> dist.Store:
     """
     if info.source == "single":
         return dist.HashStore()
+    if info.elastic_round is not None:  # elastic job: the round's namespace of the store
+        return connect_store(info.elastic_round, timeout)
     where = f"{info.master_addr}:{info.master_port}"
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     try:
@@ -121,6 +124,38 @@ def _make_store(info: ClusterInfo, timeout: timedelta) -> dist.Store:
             f"({info.source} launch): {exc}. Check MASTER_ADDR/MASTER_PORT and that every rank "
             "was started; raise LONGBOAT_TIMEOUT if ranks start slowly"
         ) from exc
+
+
+def _in_elastic_round(found: ClusterInfo) -> ClusterInfo:
+    """In an elastic job, this rank's place in the round its launcher published last (the
+    environment the rank started with may be several rounds old); else ``found``."""
+    directory = elastic_dir()
+    if directory is None or found.source == "single":
+        return found
+    membership = read_membership(directory)
+    if membership is None:
+        raise ClusterError(
+            f"LONGBOAT_ELASTIC_DIR={directory} has no membership yet: elastic ranks are "
+            "started by `longboat launch --nnodes MIN:MAX`"
+        )
+    rank = membership.rank_of(found.local_rank)
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(membership.world_size),
+        GROUP_RANK=str(membership.group_rank),
+        GROUP_WORLD_SIZE=str(membership.group_world_size),
+        LONGBOAT_NODE_RANK=str(membership.group_rank),
+        LONGBOAT_NNODES=str(membership.group_world_size),
+    )
+    return replace(
+        found,
+        rank=rank,
+        world_size=membership.world_size,
+        node_rank=membership.group_rank,
+        num_nodes=membership.group_world_size,
+        node_key=f"node:{membership.group_rank}",
+        elastic_round=membership,
+    )
 
 
 def _start_group(info: ClusterInfo, backend: str, timeout: timedelta) -> dist.Store:
@@ -215,7 +250,7 @@ def init(
         info, topo = _adopt()
         owns = False
     else:
-        found = discover()
+        found = _in_elastic_round(discover())
         name = _resolve_backend(backend, single=found.source == "single")
         store = _start_group(found, name, wait)
         owns = True

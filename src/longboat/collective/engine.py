@@ -69,9 +69,7 @@ def distribute(
     if strategy.mode != "collective":
         raise ValueError(f"mode={strategy.mode!r} is not collective: call lb.distribute")
     model, named = _prepare(model, strategy)
-    _verify_ranks(model, strategy)
-    comm = build_comm(strategy)
-    _broadcast_initial_state(model, strategy, comm)
+    comm = join_world(model, strategy)
     if _wants_compiled_fusion(strategy):
         model = torch.compile(model)  # type: ignore[assignment]
     amp = Amp(strategy.amp_configs, named[0][1].device.type) if strategy.amp else None
@@ -89,6 +87,17 @@ def distribute(
     from longboat.trace import attach  # timeline and stall inspector, as the strategy asks
 
     return wrapped, attach(wrapped, optimizer, strategy)
+
+
+def join_world(model: nn.Module, strategy: Strategy) -> Comm:
+    """The collective steps of ``lb.distribute``, in the order every rank runs them: check that
+    all ranks run the same Strategy and model, build the communicators, broadcast rank 0's
+    parameters. A rank rebuilding after an elastic membership change runs them too, so that
+    it meets a rank joining for the first time in the same collectives."""
+    _verify_ranks(model, strategy)
+    comm = build_comm(strategy)
+    _broadcast_initial_state(model, strategy, comm)
+    return comm
 
 
 @dataclasses.dataclass(frozen=True)

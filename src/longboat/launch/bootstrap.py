@@ -28,8 +28,16 @@ _SERVER_GRACE_S = 2.0
 
 
 def _agent_store(timeout: float) -> Any:
-    """The elastic agent's store (imports torch: only multi-node and PS runs need it)."""
+    """The elastic agent's store (imports torch: only multi-node and PS runs need it); in an
+    elastic job, the current round's namespace of the rendezvous store."""
     import torch.distributed as dist
+
+    from longboat.elastic.membership import connect_store, elastic_dir, read_membership
+
+    directory = elastic_dir()
+    membership = read_membership(directory) if directory else None
+    if membership is not None:
+        return dist.PrefixStore("launch", connect_store(membership, timedelta(seconds=timeout)))
 
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
@@ -138,8 +146,14 @@ def _main(argv: list[str]) -> None:
     timeout = float(os.environ.get("LONGBOAT_LAUNCH_TIMEOUT", "300"))
     world = int(os.environ["WORLD_SIZE"])
     servers = num_servers(os.environ)
-    store = _agent_store(timeout) if servers or "LONGBOAT_ALL_ENDPOINTS" not in os.environ else None
-    if store is None:  # one node: the launcher already knows every endpoint
+    elastic = bool(os.environ.get("LONGBOAT_ELASTIC_DIR"))
+    gather = servers or not (elastic or "LONGBOAT_ALL_ENDPOINTS" in os.environ)
+    store = _agent_store(timeout) if gather else None
+    if elastic:  # ranks come and go: only this rank's own endpoint is known for sure
+        mine = f"{os.environ.get('LONGBOAT_HOST_IP', '127.0.0.1')}:"
+        mine += os.environ["LONGBOAT_ENDPOINT_PORTS"].split(",")[int(os.environ["LOCAL_RANK"])]
+        endpoints = [mine if r == int(os.environ["RANK"]) else "" for r in range(world)]
+    elif store is None:  # one node: the launcher already knows every endpoint
         endpoints = os.environ["LONGBOAT_ALL_ENDPOINTS"].split(",")
     else:
         host = os.environ.get("LONGBOAT_HOST_IP", "127.0.0.1")

@@ -17,8 +17,10 @@ class LaunchSpec:
     module: bool = False
     nproc_per_node: int = 1
     devices: list[str] = field(default_factory=list)
-    nnodes: int = 1
-    node_rank: int = 0
+    nnodes: int = 1  # elastic: the most nodes (MAX of --nnodes MIN:MAX)
+    node_rank: int = 0  # elastic: unknown before the rendezvous (0)
+    min_nodes: int | None = None  # elastic jobs only (--nnodes MIN:MAX)
+    failure_timeout: float | None = None
     master_host: str | None = None
     master_port: int | None = None
     ips: list[str] = field(default_factory=list)
@@ -34,6 +36,11 @@ class LaunchSpec:
     def local_procs(self) -> int:
         """Processes this node starts (PS: servers + workers, on one node)."""
         return self.servers + self.workers if self.servers else self.nproc_per_node
+
+    @property
+    def elastic(self) -> bool:
+        """``--nnodes MIN:MAX``: ranks survive nodes leaving and joining."""
+        return self.min_nodes is not None
 
     @property
     def world_size(self) -> int:
@@ -114,7 +121,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="torchrun's one-node mode: 127.0.0.1 and a free port (the default on one node; "
         "MASTER_ADDR/MASTER_PORT in the environment are then ignored)",
     )
-    cluster.add_argument("--nnodes", type=int, default=None, help="number of nodes (default 1)")
+    cluster.add_argument(
+        "--nnodes",
+        type=_nnodes,
+        default=None,
+        metavar="N|MIN:MAX",
+        help="number of nodes (default 1); MIN:MAX runs an elastic job that goes on while at "
+        "least MIN nodes are alive and admits nodes that join, up to MAX (see docs/elastic.md)",
+    )
     cluster.add_argument(
         "--node-rank",
         "--node_rank",
@@ -161,6 +175,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="restart the whole group up to this many times after a failure (each restart is "
         "reported on the console)",
     )
+    run.add_argument(
+        "--failure-timeout",
+        "--failure_timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a collective waits for a silent peer before it counts as lost "
+        "(exported as LONGBOAT_TIMEOUT; default 300, elastic jobs 30)",
+    )
     run.add_argument("--config", default=None, help="a Strategy YAML/JSON file exported to ranks")
     run.add_argument(
         "--tee",
@@ -202,10 +225,16 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
     if nproc < 1:
         raise LaunchOptionError(f"--nproc-per-node must be >= 1, got {nproc}")
     ips = [h.strip() for h in a.ips.split(",") if h.strip()] if a.ips else []
-    nnodes = a.nnodes or max(1, len(ips))
+    min_nodes, nnodes = a.nnodes if a.nnodes else (None, max(1, len(ips)))
+    if min_nodes is not None:
+        _check_elastic(a, min_nodes, nnodes)
     if ips and len(ips) != nnodes:
         raise LaunchOptionError(f"--ips lists {len(ips)} nodes but --nnodes is {nnodes}")
     node_rank = a.node_rank if a.node_rank is not None else _node_rank_from_ips(ips)
+    if a.failure_timeout is not None and not a.failure_timeout > 0:
+        raise LaunchOptionError(
+            f"--failure-timeout must be a positive number of seconds, got {a.failure_timeout}"
+        )
     if not 0 <= node_rank < nnodes:
         raise LaunchOptionError(
             f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})"
@@ -248,6 +277,8 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
         devices=devices,
         nnodes=nnodes,
         node_rank=node_rank,
+        min_nodes=min_nodes,
+        failure_timeout=a.failure_timeout,
         master_host=host,
         master_port=port,
         ips=ips,
@@ -400,3 +431,35 @@ def _one_line(message: str) -> str:
         and not (i + 1 < len(lines) and lines[i + 1] and set(lines[i + 1]) == {"^"})
     ]
     return "; ".join(kept)
+
+
+def _nnodes(text: str) -> tuple[int | None, int]:
+    """``N`` -> (None, N); ``MIN:MAX`` -> (MIN, MAX), an elastic job."""
+    low, colon, high = text.partition(":")
+    try:
+        values = (int(low), int(high)) if colon else (None, int(low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a node count: give N, or MIN:MAX for an elastic job (e.g. 2:4)"
+        ) from None
+    first, most = values
+    if most < 1 or (first is not None and not 1 <= first <= most):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: node counts must be >= 1 and MIN <= MAX (e.g. 2:4)"
+        )
+    return first, most
+
+
+def _check_elastic(a: argparse.Namespace, min_nodes: int, max_nodes: int) -> None:
+    """What an elastic job needs: a rendezvous endpoint, no fixed node ranks, no PS roles."""
+    if a.node_rank is not None or a.ips:
+        raise LaunchOptionError(
+            f"--nnodes {min_nodes}:{max_nodes} is elastic: the rendezvous numbers the nodes, "
+            "so drop --node-rank/--ips"
+        )
+    if a.servers:
+        raise LaunchOptionError(
+            "parameter-server roles are not elastic: drop --nnodes MIN:MAX or --servers"
+        )
+    if a.standalone:
+        raise LaunchOptionError("--standalone is one fixed node: drop it or --nnodes MIN:MAX")

@@ -16,7 +16,8 @@ def rank_env(env: Mapping[str, str], endpoints: list[str]) -> dict[str, str]:
     """
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank, local_world = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
-    node, nodes = int(env.get("GROUP_RANK", "0")), int(env.get("LONGBOAT_NNODES", "1"))
+    node = int(env.get("GROUP_RANK", "0"))
+    nodes = int(env.get("LONGBOAT_NNODES") or env.get("GROUP_WORLD_SIZE") or "1")
     servers = num_servers(env)
     role, index = role_of(rank, servers)
     trainers = endpoints[servers:]

@@ -12,21 +12,27 @@ import uuid
 
 from rich.console import Console
 from torch.distributed.elastic.multiprocessing import SignalException
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+)
 from torch.distributed.launcher.api import LaunchConfig
 
 from longboat.launch import options
 from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
 from longboat.launch.banner import print_banner
+from longboat.launch.elastic_agent import ElasticAgent, MembershipChange, elastic_directory
 from longboat.launch.log_lock import LogDirBusyError, claim_log_dir
 from longboat.launch.logs import WorkerLogs, log_name
 from longboat.launch.options import LaunchOptionError, LaunchSpec
 from longboat.launch.ports import free_port, holder_of, is_free, local_ip_towards
 from longboat.launch.roles import role_of
-from longboat.launch.summary import failure_summary, restart_line
+from longboat.launch.summary import failure_summary, membership_line, restart_line
 from longboat.launch.supervisor import GroupFailedError, Restart, run_agent
 
 _PORT_ATTEMPTS = 5
+#: Elastic jobs: a collective waiting this long on a silent peer gives up (LONGBOAT_TIMEOUT).
+_ELASTIC_FAILURE_TIMEOUT_S = 30.0
 _SHUTDOWN_GRACE_S = 3
 
 add_arguments = options.add_arguments
@@ -48,7 +54,8 @@ def launch(spec: LaunchSpec, console: Console) -> int:
     started = time.monotonic()
     explicit = spec.master_port is not None
     host = spec.master_host or "127.0.0.1"
-    if explicit and spec.node_rank == 0 and not is_free("", spec.master_port):
+    # elastic jobs: whichever node binds the endpoint first serves the rendezvous
+    if explicit and spec.node_rank == 0 and not spec.elastic and not is_free("", spec.master_port):
         holder = holder_of(spec.master_port)
         console.print(
             f"longboat launch: port {spec.master_port} is already in use"
@@ -79,6 +86,9 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
         console.print(restart_line(restart), markup=False, soft_wrap=True)
 
     with patched_environ(env), signals_raise_in_main_thread():
+        if spec.elastic:  # node rank and count come from each rendezvous round
+            for name in ("LONGBOAT_NNODES", "LONGBOAT_NODE_RANK"):
+                os.environ.pop(name, None)
         for attempt in range(1, _PORT_ATTEMPTS + 1):
             port = spec.master_port or free_port()
             master = f"{host}:{port}"
@@ -86,9 +96,20 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
                 print_banner(spec, master, my_ip, _rows(spec, my_ip, ports), console)
             try:
                 run_agent(
-                    _config(spec, master, run_id), sys.executable, _bootstrap_args(spec), on_restart
+                    _config(spec, master, run_id),
+                    sys.executable,
+                    _bootstrap_args(spec),
+                    on_restart,
+                    **_elastic_agent(spec, master, my_ip, console),
                 )
                 console.print(finished_line(spec, time.monotonic() - started), markup=False)
+                return 0
+            except RendezvousClosedError:
+                console.print(
+                    "longboat launch: the elastic job had finished before this node could join "
+                    f"(the rendezvous on {master} is closed); nothing to do",
+                    markup=False,
+                )
                 return 0
             except RendezvousConnectionError as exc:
                 if explicit or attempt == _PORT_ATTEMPTS:
@@ -142,13 +163,17 @@ def _run_id(spec: LaunchSpec) -> str:
 
 def _config(spec: LaunchSpec, master: str, run_id: str) -> LaunchConfig:
     return LaunchConfig(
-        min_nodes=spec.nnodes,
+        min_nodes=spec.min_nodes or spec.nnodes,
         max_nodes=spec.nnodes,
         nproc_per_node=spec.local_procs,
         run_id=run_id,
-        rdzv_backend="static",  # the ranks' process group uses the banner's master endpoint
+        # static: the ranks' process group uses the banner's master endpoint; elastic jobs
+        # need torch's c10d rendezvous, whose rounds admit and drop nodes
+        rdzv_backend="c10d" if spec.elastic else "static",
         rdzv_endpoint=master,
-        rdzv_configs={"rank": spec.node_rank, "timeout": spec.timeout},
+        rdzv_configs=_elastic_rdzv_configs(spec)
+        if spec.elastic
+        else {"rank": spec.node_rank, "timeout": spec.timeout},
         max_restarts=spec.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
@@ -156,6 +181,41 @@ def _config(spec: LaunchSpec, master: str, run_id: str) -> LaunchConfig:
         log_line_prefix_template="[rank ${rank}] ",
         shutdown_timeout=_SHUTDOWN_GRACE_S,
     )
+
+
+#: A node whose rendezvous heartbeat is this many times late counts as lost.
+_KEEP_ALIVE_S = 1
+_KEEP_ALIVE_ATTEMPTS = 3
+#: After MIN nodes joined a round, wait this long for more before it starts.
+_LAST_CALL_S = 1
+
+
+def _elastic_rdzv_configs(spec: LaunchSpec) -> dict[str, object]:
+    """c10d rendezvous settings: lost nodes noticed in seconds, rounds closed quickly."""
+    return {
+        "join_timeout": spec.timeout,
+        "last_call_timeout": _LAST_CALL_S,
+        "keep_alive_interval": _KEEP_ALIVE_S,
+        "keep_alive_max_attempt": _KEEP_ALIVE_ATTEMPTS,
+        "close_timeout": 10,
+    }
+
+
+def _elastic_agent(spec: LaunchSpec, master: str, my_ip: str, console: Console) -> dict:
+    """`run_agent`'s keyword arguments for an elastic job (none otherwise)."""
+    if not spec.elastic:
+        return {}
+
+    def on_change(change: MembershipChange) -> None:
+        console.print(membership_line(change), markup=False, soft_wrap=True)
+
+    return {
+        "agent_class": ElasticAgent,
+        "elastic_dir": elastic_directory(spec.log_dir),
+        "store_endpoint": master,
+        "node_address": f"{my_ip}[{os.getpid()}]",  # the launcher's address and pid
+        "on_change": on_change,
+    }
 
 
 class _TeeRanks:
@@ -177,7 +237,6 @@ def _bootstrap_args(spec: LaunchSpec) -> list[str]:
 def _rank_env(spec: LaunchSpec, my_ip: str, ports: list[int]) -> dict[str, str]:
     """What every rank of this node inherits (torch's agent adds RANK, WORLD_SIZE, ...)."""
     env = {
-        "LONGBOAT_NNODES": str(spec.nnodes),
         "LONGBOAT_HOST_IP": my_ip,
         "LONGBOAT_ENDPOINT_PORTS": ",".join(map(str, ports)),
         "LONGBOAT_LAUNCH_TIMEOUT": str(spec.timeout),
@@ -197,7 +256,18 @@ def _rank_env(spec: LaunchSpec, my_ip: str, ports: list[int]) -> dict[str, str]:
             from longboat.ps.auth import job_token_file  # a fresh token per job, 0600 file
 
             env["LONGBOAT_PS_TOKEN_FILE"] = job_token_file(spec.log_dir)
-    if spec.nnodes == 1:  # every endpoint is on this node: no exchange needed at start-up
+    if spec.elastic:  # the node count is the rendezvous round's (GROUP_WORLD_SIZE)
+        env["LONGBOAT_ELASTIC_DIR"] = str(elastic_directory(spec.log_dir))
+        # torch's shared store is announced only in the round where a node first becomes
+        # rank 0, so a node joining a later round waits for it forever; elastic ranks form
+        # their groups on the rendezvous store instead
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    else:
+        env["LONGBOAT_NNODES"] = str(spec.nnodes)
+    timeout = spec.failure_timeout or (_ELASTIC_FAILURE_TIMEOUT_S if spec.elastic else None)
+    if timeout is not None:
+        env["LONGBOAT_TIMEOUT"] = f"{timeout:g}"
+    if spec.nnodes == 1 and not spec.elastic:  # every endpoint is here: no exchange needed
         env["LONGBOAT_ALL_ENDPOINTS"] = ",".join(f"{my_ip}:{port}" for port in ports)
     return env
 

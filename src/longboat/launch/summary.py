@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from longboat.launch.elastic_agent import MembershipChange
 from longboat.launch.exits import GroupFailure, stopped_ranks
 from longboat.launch.logs import log_name
 from longboat.launch.supervisor import Restart
@@ -54,6 +55,21 @@ def restart_line(restart: Restart) -> str:
         f"rank {first.rank} {first.how()}"
         + (f" (stopped by the launcher: {stopped_ranks(stopped)})" if stopped else "")
         + f"; workers started again {restart.resume_s:.2f} s after the failure was seen"
+    )
+
+
+def membership_line(change: MembershipChange) -> str:
+    """One console line per membership change of an elastic job: who left or joined, why,
+    the new world size and how long the round took."""
+    m = change.membership
+    moved = [f"{', '.join(m.left)} left"] if m.left else []
+    moved += [f"{', '.join(m.joined)} joined"] if m.joined else []
+    what = "; ".join(moved) or "same nodes, new round"
+    return (
+        f"longboat launch: membership changed: {what} ({m.reason}); world size "
+        f"{change.old_world_size} -> {m.world_size} on {m.group_world_size} "
+        f"node{'s' if m.group_world_size != 1 else ''}, this node is node {m.group_rank}; "
+        f"rendezvous took {change.seconds:.2f} s"
     )
 
 

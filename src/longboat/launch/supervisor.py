@@ -79,16 +79,25 @@ class WatchedAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._close_watch()
         ids = super()._start_workers(worker_group)
+        self._watch_workers(worker_group, ids)
+        if self._pcontext is not None:
+            _before_close(self._pcontext, self._note_stopping)
+        return ids
+
+    def _note_stopping(self) -> None:
+        if self._watch is not None:
+            self._watch.stopping()
+
+    def _watch_workers(self, worker_group: WorkerGroup, ids: dict[int, Any]) -> None:
+        """A fresh `ExitWatch` over the running workers ``ids`` (local rank -> pid) under the
+        global ranks ``worker_group`` gives them now."""
+        self._close_watch()
         ranks = {w.local_rank: w.global_rank for w in worker_group.workers}
-        pcontext = self._pcontext
-        error_files = getattr(pcontext, "error_files", {})
+        error_files = getattr(self._pcontext, "error_files", {})
         self._watch = ExitWatch(
             {ranks[local]: pid for local, pid in ids.items()},
             {ranks[local]: path for local, path in error_files.items()},
         )
-        if pcontext is not None:
-            _before_close(pcontext, self._watch.stopping)
-        return ids
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         if self._watch is not None and self._watch.any_failed():
@@ -156,12 +165,16 @@ def run_agent(
     entrypoint: Callable[..., Any] | str,
     args: tuple[Any, ...] | list[Any] = (),
     on_restart: Callable[[Restart], None] | None = None,
+    agent_class: type[WatchedAgent] | None = None,
+    **agent_kwargs: Any,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` under a `WatchedAgent` for ``config``; ``{rank: return value}``.
 
     The same steps as torch's ``launch_agent`` (rendezvous handler, worker spec, agent run, the
     rendezvous closed unless a signal ended the run). Raises `GroupFailedError` when a worker
-    failed and no restart was left.
+    failed and no restart was left. ``agent_class`` (a `WatchedAgent` subclass, built with
+    ``agent_kwargs``) replaces it; an elastic agent that fails leaves the rendezvous open for
+    the nodes that go on.
     """
     params = RendezvousParameters(
         backend=config.rdzv_backend,
@@ -191,19 +204,21 @@ def run_agent(
         duplicate_stderr_filters=config.duplicate_stderr_filters,
         virtual_local_rank=config.virtual_local_rank,
     )
-    agent = WatchedAgent(
+    agent = (agent_class or WatchedAgent)(
         spec=spec,
         logs_specs=config.logs_specs,
         start_method=config.start_method,
         log_line_prefix_template=config.log_line_prefix_template,
         shutdown_timeout=int(config.shutdown_timeout),
         on_restart=on_restart,
+        **agent_kwargs,
     )
-    close_rendezvous = True
+    close_rendezvous = agent_class is None  # elastic: only a finished job closes it
     try:
         result = agent.run()
         if result.is_failed():
             raise GroupFailedError(_name(entrypoint, args), result.failures, agent.failure)
+        close_rendezvous = True
         return result.return_values
     except SignalException:
         close_rendezvous = False  # as torch: a signalled agent leaves the rendezvous open

@@ -1,0 +1,58 @@
+"""Give a DistributedModel the communicators and reducer of a new world (elastic training)."""
+
+from __future__ import annotations
+
+import torch
+
+from longboat.collective.engine import build_reducer, join_world
+from longboat.collective.model import DistributedModel
+
+
+class RebuildError(ValueError):
+    """The model's Strategy keeps state that cannot move to a new world yet."""
+
+
+def check_rebuildable(model: DistributedModel) -> None:
+    """Refuse, up front, Strategy settings whose state is bound to one world."""
+    strategy = model.strategy
+    if strategy is None:
+        return
+    if model.tuner is not None:
+        raise RebuildError(
+            "Strategy(auto=True) times reducers for one world; elastic training needs fixed "
+            "settings: set auto=False and the fields the tuner chose (longboat bench comm)"
+        )
+    if strategy.dgc:
+        raise RebuildError(
+            "DGC keeps residuals and momentum per rank, which a new world cannot take over; "
+            "elastic training supports the other compressors: set dgc=False"
+        )
+
+
+def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Replace ``model``'s reducer and communicators with ones for the current process group.
+
+    Collective (every rank, in the same order), after ``lb.shutdown``/``lb.init`` formed the
+    new world: the same collectives as ``lb.distribute`` (a rank joining late runs that), so
+    rank 0's parameters are broadcast (``State.sync`` then installs the committed state).
+    Parameters, optimizer wrappers and the module are kept; the old reducer's gradient hooks
+    are removed; timeline and stall inspector are attached anew.
+    """
+    check_rebuildable(model)
+    strategy = model.strategy
+    old = model.reducer
+    old.remove_hooks()
+    comm = join_world(model.module, strategy)  # meets newcomers in lb.distribute's collectives
+    reducer, compressors = build_reducer(
+        list(zip(old.names, old.params, strict=True)),
+        strategy,
+        optimizer,
+        communicators=comm.pair,
+        check_finite=old.check_finite,
+    )
+    model.reducer = reducer
+    model.compressors = tuple(compressors)
+    model.micro_step = 0
+    from longboat.trace import attach  # timeline and stall inspector for the new world
+
+    attach(model, None, strategy)

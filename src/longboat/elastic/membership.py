@@ -1,0 +1,125 @@
+"""What a node's launcher and its ranks tell each other in an elastic job, through files.
+
+The launcher (torch's elastic agent, see `longboat.launch.elastic_agent`) runs the c10d
+rendezvous; the ranks it started keep running across rendezvous rounds. After each round it
+writes ``membership.json`` into the node's elastic directory (``LONGBOAT_ELASTIC_DIR``,
+``<log dir>/.elastic``): the round's token, world size, this node's ranks and the store the
+ranks re-form their process group on. A rank that loses a peer writes ``request-<local
+rank>`` (the token it saw and why) and the launcher joins the next round; a rank's committed
+step count goes to ``commits-<local rank>`` (read by ``longboat emulate``'s step triggers).
+
+Files are written whole (temporary file + rename): a reader sees the old or the new content.
+Nothing read here is unpickled; everything is JSON or a decimal number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ENV_DIR = "LONGBOAT_ELASTIC_DIR"
+MEMBERSHIP_FILE = "membership.json"
+
+
+@dataclass(frozen=True)
+class Membership:
+    """One rendezvous round as this node's launcher saw it.
+
+    ``ranks`` maps each local rank to its global rank in the round; ``store`` is the
+    ``HOST:PORT`` of the rendezvous store and ``token`` names the round in it; ``nodes`` lists
+    the nodes' addresses in group-rank order; ``left``/``joined`` compare with the round before,
+    and ``reason`` says why the round happened.
+    """
+
+    token: str
+    world_size: int
+    group_rank: int
+    group_world_size: int
+    ranks: dict[int, int]
+    store: str
+    nodes: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+    joined: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    def rank_of(self, local_rank: int) -> int:
+        """The global rank of ``local_rank`` in this round."""
+        try:
+            return self.ranks[local_rank]
+        except KeyError:
+            raise ElasticError(
+                f"local rank {local_rank} has no rank in round {self.token} "
+                f"(this node's ranks: {sorted(self.ranks)})"
+            ) from None
+
+
+class ElasticError(RuntimeError):
+    """An elastic job cannot go on (no membership in time, too many resets, ...)."""
+
+
+def elastic_dir(env: dict[str, str] | None = None) -> Path | None:
+    """This node's elastic directory, or None outside an elastic job."""
+    raw = (env if env is not None else os.environ).get(ENV_DIR)
+    return Path(raw) if raw else None
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_membership(directory: Path, membership: Membership) -> None:
+    """Publish ``membership`` to the node's ranks."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = asdict(membership)
+    data["ranks"] = {str(k): v for k, v in membership.ranks.items()}
+    _write_whole(directory / MEMBERSHIP_FILE, json.dumps(data, sort_keys=True))
+
+
+def read_membership(directory: Path) -> Membership | None:
+    """The membership last published in ``directory``, or None if there is none yet."""
+    try:
+        data: dict[str, Any] = json.loads((directory / MEMBERSHIP_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    data["ranks"] = {int(k): int(v) for k, v in data["ranks"].items()}
+    return Membership(**data)
+
+
+def request_regroup(directory: Path, local_rank: int, token: str, reason: str) -> None:
+    """Ask the launcher for a new round: this rank lost a peer in round ``token``."""
+    payload = json.dumps({"token": token, "reason": reason[:500]})
+    _write_whole(directory / f"request-{local_rank}", payload)
+
+
+def regroup_requests(directory: Path, token: str) -> list[str]:
+    """Reasons of this node's ranks asking to leave round ``token`` (older requests ignored)."""
+    reasons = []
+    for path in sorted(directory.glob("request-*")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("token") == token:
+            reasons.append(str(data.get("reason", "")))
+    return reasons
+
+
+def write_commits(directory: Path, local_rank: int, commits: int) -> None:
+    """Record this rank's committed step count (read by ``longboat emulate``)."""
+    _write_whole(directory / f"commits-{local_rank}", str(int(commits)))
+
+
+def connect_store(membership: Membership, timeout: timedelta) -> Any:
+    """A client of the rendezvous store, namespaced by the round: the ranks' process group
+    forms there, so it lives as long as the rendezvous (not on any one rank)."""
+    import torch.distributed as dist
+
+    host, _, port = membership.store.rpartition(":")
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"/longboat/elastic/{membership.token}", store)

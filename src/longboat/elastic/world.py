@@ -1,0 +1,123 @@
+"""A rank's side of membership changes: notice them, leave the old process group, join the
+new round its launcher published (`longboat.elastic.membership`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import longboat.cluster as cluster
+from longboat.cluster.runtime import ClusterError
+from longboat.elastic.failures import describe
+from longboat.elastic.membership import (
+    ElasticError,
+    Membership,
+    elastic_dir,
+    read_membership,
+    request_regroup,
+    write_commits,
+)
+from longboat.log import get_logger
+
+_log = get_logger("longboat.elastic")
+_POLL_S = 0.05
+#: A new round whose process group cannot form (a member hung or died meanwhile) is retried.
+_JOIN_ATTEMPTS = 5
+
+
+class MembershipChanged(Exception):
+    """Raised by ``State.commit`` when a node joined or left: every rank leaves at the same
+    commit and ``lb.elastic.run`` moves the job to the new round."""
+
+
+def is_elastic() -> bool:
+    """True in a rank started by ``longboat launch --nnodes MIN:MAX``."""
+    return elastic_dir() is not None
+
+
+def _directory() -> Path:
+    directory = elastic_dir()
+    if directory is None:
+        raise ElasticError("not an elastic job: start it with longboat launch --nnodes MIN:MAX")
+    return directory
+
+
+def joined_round() -> Membership | None:
+    """The round this rank's process group belongs to (None before init or outside elastic)."""
+    if not cluster.is_initialized():
+        return None
+    return cluster.cluster().elastic_round
+
+
+def change_pending() -> bool:
+    """Collective: has any rank's launcher published a newer round? Every rank gets the same
+    answer, so all leave at the same commit."""
+    mine = joined_round()
+    if mine is None or not dist.is_initialized():
+        return False
+    published = read_membership(_directory())
+    flag = torch.tensor([int(published is not None and published.token != mine.token)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def record_commits(commits: int) -> None:
+    """Tell the launcher (and ``longboat emulate``) how many steps this rank committed."""
+    directory = elastic_dir()
+    if directory is not None:
+        write_commits(directory, cluster.local_rank(), commits)
+
+
+def regroup(reason: str, lost_peer: bool, strategy: object = None) -> Membership:
+    """Leave the current process group and join the next round; return it.
+
+    ``lost_peer``: this rank saw a peer fail, so it asks its launcher for a new round unless
+    one was already published. Waits are bounded by the launch timeout.
+    """
+    directory = _directory()
+    old = joined_round()
+    old_token = old.token if old is not None else ""
+    local_rank = cluster.local_rank()
+    _leave()
+    for _attempt in range(_JOIN_ATTEMPTS):
+        published = read_membership(directory)
+        if lost_peer and (published is None or published.token == old_token):
+            request_regroup(directory, local_rank, old_token, reason)
+        membership = _wait_for_round(directory, old_token)
+        try:
+            cluster.init(strategy)
+            return membership
+        except ClusterError as exc:  # a member died or hung meanwhile
+            _log.warning(
+                "round %s did not form (%s); asking for another", membership.token, describe(exc)
+            )
+            _leave()
+            old_token, lost_peer, reason = membership.token, True, describe(exc)
+    raise ElasticError(f"no round formed in {_JOIN_ATTEMPTS} attempts; last: {reason}")
+
+
+def _leave() -> None:
+    """Drop the old process group and everything longboat made for it."""
+    try:
+        cluster.shutdown()
+    except Exception as exc:  # a broken group may fail to tear down cleanly: it is gone anyway
+        _log.warning("leaving the old process group: %s", describe(exc))
+
+
+def _wait_for_round(directory: Path, old_token: str) -> Membership:
+    timeout = float(os.environ.get("LONGBOAT_LAUNCH_TIMEOUT", "300"))
+    deadline = time.monotonic() + timeout
+    while True:
+        membership = read_membership(directory)
+        if membership is not None and membership.token != old_token:
+            return membership
+        if time.monotonic() > deadline:
+            raise ElasticError(
+                f"no new membership from the launcher within {timeout:.0f}s (is fewer than "
+                "--nnodes MIN alive? see the launcher's console)"
+            )
+        time.sleep(_POLL_S)

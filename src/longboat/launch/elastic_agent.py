@@ -1,0 +1,170 @@
+"""torch's elastic agent for ``--nnodes MIN:MAX``: membership changes without restarting ranks.
+
+torch's own agent stops and restarts every rank when the c10d rendezvous changes (a node lost
+or added), so training resumes from the last checkpoint on disk. `ElasticAgent` runs the same
+rendezvous rounds but keeps the running ranks: after each round it publishes the new ranks,
+world size and store to them (`longboat.elastic.membership`), and `longboat.elastic.run` in
+each rank rolls back to its last in-memory commit, re-forms the process group and goes on. A
+new round starts when a node waits to join (torch's ``num_nodes_waiting``) or when a rank of
+this node asks for one because it lost a peer. Only this node's own failed ranks are
+restarted (as newcomers that receive the state from a survivor), as ``--max-restarts``
+allows; without restarts left the node leaves and the others go on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import (
+    DEFAULT_ROLE,
+    RunResult,
+    WorkerGroup,
+    WorkerState,
+)
+
+from longboat.elastic.membership import Membership, regroup_requests, write_membership
+from longboat.launch.supervisor import WatchedAgent
+
+_TOKEN_KEY = "longboat/round-token"
+_NODE_KEY = "longboat/node/"
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """A rendezvous round that changed the job's members, as the console reports it."""
+
+    membership: Membership
+    old_world_size: int
+    seconds: float
+
+
+class ElasticAgent(WatchedAgent):
+    """`WatchedAgent` whose ranks outlive rendezvous rounds (see the module docstring)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        elastic_dir: Path,
+        store_endpoint: str,
+        node_address: str,
+        on_change: Callable[[MembershipChange], None] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        self._dir = elastic_dir
+        self._endpoint = store_endpoint
+        self._address = node_address
+        self._on_change = on_change
+        self._membership: Membership | None = None
+        self._reason = "start"
+        self._round: int | None = None
+
+    @property
+    def membership(self) -> Membership | None:
+        """The round published last."""
+        return self._membership
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        super()._rendezvous(worker_group)
+        self._round = _round_of(worker_group.spec.rdzv_handler)
+        self._publish(worker_group)
+
+    def _publish(self, worker_group: WorkerGroup) -> None:
+        """Share a token and the nodes' addresses in the round's store; write membership."""
+        store = worker_group.store
+        rank, size = worker_group.group_rank, worker_group.group_world_size
+        store.set(f"{_NODE_KEY}{rank}", self._address)
+        if rank == 0:
+            store.set(_TOKEN_KEY, uuid.uuid4().hex[:12])
+        token = store.get(_TOKEN_KEY).decode()
+        nodes = [store.get(f"{_NODE_KEY}{r}").decode() for r in range(size)]
+        before = self._membership.nodes if self._membership else []
+        membership = Membership(
+            token=token,
+            world_size=worker_group.workers[0].world_size,
+            group_rank=rank,
+            group_world_size=size,
+            ranks={w.local_rank: w.global_rank for w in worker_group.workers},
+            store=self._endpoint,
+            nodes=nodes,
+            left=[n for n in before if n not in nodes],
+            joined=[n for n in nodes if before and n not in before],
+            reason=self._reason,
+        )
+        write_membership(self._dir, membership)
+        self._membership = membership
+
+    def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        group = self._worker_group
+        spec = group.spec
+        self._initialize_workers(group)
+        while True:
+            time.sleep(spec.monitor_interval)
+            result = self._monitor_workers(group)
+            group.state = result.state
+            if result.state == WorkerState.SUCCEEDED:
+                self._exit_barrier()
+                return result
+            if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                if self._remaining_restarts > 0:
+                    self._remaining_restarts -= 1
+                    self._reason = "ranks of this node failed and were restarted"
+                    self._restart_workers(group)
+                    continue
+                self._stop_workers(group)
+                group.state = WorkerState.FAILED
+                return result
+            reason = self._regroup_reason(spec.rdzv_handler)
+            if reason:
+                self._regroup(group, reason)
+
+    def _regroup_reason(self, handler: Any) -> str:
+        """Why a new round is due now ('' when none is)."""
+        if self._membership is not None:
+            asked = regroup_requests(self._dir, self._membership.token)
+            if asked:
+                return f"a rank lost its peers ({asked[0]})"
+        waiting = handler.num_nodes_waiting()
+        if waiting:
+            return f"{waiting} node{'s' if waiting != 1 else ''} waiting to join"
+        if _round_of(handler) not in (None, self._round):
+            # our heartbeats came late and the others went on to a new round without us
+            return "the rendezvous moved on to a new round"
+        return ""
+
+    def _regroup(self, group: WorkerGroup, reason: str) -> None:
+        """Join the next round with the ranks still running, and publish it to them."""
+        began = time.monotonic()
+        old_world = group.workers[0].world_size
+        pids = {w.local_rank: w.id for w in group.workers}
+        self._reason = reason
+        try:
+            self._rendezvous(group)
+        except BaseException:
+            self._stop_workers(group)
+            raise
+        for worker in group.workers:
+            worker.id = pids[worker.local_rank]  # the same processes, with their new ranks
+        self._watch_workers(group, pids)
+        if self._on_change is not None and self._membership is not None:
+            self._on_change(MembershipChange(self._membership, old_world, time.monotonic() - began))
+
+
+def elastic_directory(log_dir: str) -> Path:
+    """Where a node's launcher and ranks exchange membership files."""
+    return Path(os.path.abspath(log_dir)) / ".elastic"
+
+
+def _round_of(handler: Any) -> int | None:
+    """The rendezvous round the c10d handler last synced (None if it does not say: torch
+    keeps it in a private state holder, read here only as a safety net)."""
+    holder = getattr(handler, "_state_holder", None)
+    state = getattr(holder, "state", None)
+    value = getattr(state, "round", None)
+    return value if isinstance(value, int) else None

@@ -1,0 +1,128 @@
+"""An elastic training run for the tests: small regression, history of every committed step.
+
+Environment: PROBE_OUT (rank 0 writes the final parameters and history there as JSON),
+PROBE_EPOCHS, PROBE_SAMPLES, PROBE_BATCH, PROBE_SLEEP (seconds per step, to leave time for
+faults), PROBE_WAIT_FOR_WORLD="W@K" (at commit K, wait until W ranks run: a node joins there), PROBE_DIE="GROUP_RANK@COMMIT" (that node's rank kills its launcher and itself once the
+job reached that many commits: a node lost as a whole).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+import longboat as lb
+
+SAMPLES = int(os.environ.get("PROBE_SAMPLES", "96"))
+BATCH = int(os.environ.get("PROBE_BATCH", "4"))
+EPOCHS = int(os.environ.get("PROBE_EPOCHS", "1"))
+SLEEP = float(os.environ.get("PROBE_SLEEP", "0"))
+WAIT_FOR = os.environ.get("PROBE_WAIT_FOR_WORLD", "")  # "WORLD@COMMIT"
+
+
+def data(samples: int = SAMPLES) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, 8, generator=g)
+    y = x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(samples, 1, generator=g)
+    return TensorDataset(x, y)
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def gathered_batches(indices: list[int]) -> list[list[int]]:
+    """Every rank's batch of this step (tensors padded with -1; nothing pickled)."""
+    mine = torch.full((BATCH,), -1, dtype=torch.long)
+    mine[: len(indices)] = torch.tensor(indices, dtype=torch.long)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [[int(i) for i in t if i >= 0] for t in out]
+
+
+def maybe_die(commits: int) -> None:
+    spec = os.environ.get("PROBE_DIE")
+    if not spec:
+        return
+    node, _, at = spec.partition("@")
+    if commits >= int(at) and int(os.environ["GROUP_RANK"]) == int(node) and lb.rank() != 0:
+        print(f"probe: node {node} dies at commit {commits}", flush=True)
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wait_for_world(state: lb.elastic.State) -> None:
+    """Hold the job at commit K until a node joined (the membership check raises then)."""
+    if not WAIT_FOR:
+        return
+    world, _, at = WAIT_FOR.partition("@")
+    deadline = time.monotonic() + 120
+    while state.commits == int(at) and dist.get_world_size() < int(world):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no node joined within 120 s at commit {at}")
+        time.sleep(0.1)
+        state.check_membership()
+
+
+def main() -> None:
+    if os.environ.get("PROBE_PID_DIR"):
+        with open(os.path.join(os.environ["PROBE_PID_DIR"], f"pid.{os.getpid()}"), "w") as f:
+            f.write(str(os.getpid()))
+    lb.init()
+    dataset = data()
+    sampler = lb.elastic.ElasticSampler(len(dataset), BATCH, shuffle=True, seed=1)
+    loader = DataLoader(dataset, batch_sampler=sampler)
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    dmodel, optimizer = lb.distribute(net, optimizer)
+    state = lb.elastic.State(
+        model=dmodel, optimizer=optimizer, sampler=sampler, epoch=0, history=[]
+    )
+
+    @lb.elastic.run
+    def train(state: lb.elastic.State) -> None:
+        for epoch in range(state.epoch, EPOCHS):
+            sampler.set_epoch(epoch)
+            for batch_indices, (x, y) in zip(iter_indices(sampler), loader, strict=True):
+                loss = torch.nn.functional.mse_loss(dmodel(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                sampler.record_batch()
+                state.history.append([dist.get_world_size(), gathered_batches(batch_indices)])
+                if SLEEP:
+                    time.sleep(SLEEP)
+                state.commit()
+                wait_for_world(state)
+                maybe_die(state.commits)
+            state.epoch = epoch + 1
+
+    train(state)
+    if lb.rank() == 0 and os.environ.get("PROBE_OUT"):
+        params = [p.detach().flatten().tolist() for p in net.parameters()]
+        with open(os.environ["PROBE_OUT"], "w") as f:
+            json.dump(
+                {
+                    "params": params,
+                    "history": state.history,
+                    "processed": sampler.processed_indices(),
+                },
+                f,
+            )
+    lb.shutdown()
+
+
+def iter_indices(sampler: lb.elastic.ElasticSampler):
+    """The batches the loader will yield, in the same order (the sampler is deterministic)."""
+    yield from iter(sampler)
+
+
+if __name__ == "__main__":
+    main()
