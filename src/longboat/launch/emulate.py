@@ -4,6 +4,10 @@ Each node is a network namespace with one veth link to a shared bridge, rate-lim
 both ends (see `longboat.launch.netns`). The launchers' output is streamed prefixed ``[node i]``;
 if one fails the others are stopped, and every namespace, veth and bridge is removed on the way
 out: on success, failure, Ctrl-C or SIGTERM.
+
+Elastic runs (``--min-nodes`` or any fault flag, see `longboat.launch.faults`) give every
+launcher ``--nnodes MIN:MAX`` and a rendezvous store hosted here, on the bridge's address, so it
+outlives any node; emulate then kills nodes, cuts and restores links and adds nodes on cue.
 """
 
 from __future__ import annotations
@@ -18,15 +22,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from longboat.launch import netns
+from longboat.launch import faults, netns
+from longboat.launch.faults import Fault, FaultPlan
 from longboat.launch.netns import Node, Plan
 from longboat.log import get_logger
 
@@ -41,6 +46,9 @@ _POLL_S = 0.1
 _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 _log = get_logger("longboat.emulate")
+
+#: Builds one node's command: ``(plan, node, args, log_dir, master=HOST:PORT) -> argv``.
+NodeCommand = Callable[..., list[str]]
 
 
 class EmulateError(RuntimeError):
@@ -61,6 +69,8 @@ class _NodeRun:
     proc: subprocess.Popen[bytes]
     pump: threading.Thread
     started: float = field(default_factory=time.monotonic)
+    #: why a failure of this node is not the job's (set when emulate injects a fault into it)
+    faulted: str | None = None
 
 
 # ---------------------------------------------------------------- CLI
@@ -86,7 +96,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="when a node fails, let the other nodes run on instead of stopping them",
     )
     parser.add_argument(
-        "--master-port", type=int, default=DEFAULT_PORT, help="rendezvous port on node 0"
+        "--master-port",
+        type=int,
+        default=DEFAULT_PORT,
+        help="rendezvous port on node 0 (elastic runs: on the bridge, hosted by emulate)",
+    )
+    elastic = parser.add_argument_group(
+        "elastic runs and faults",
+        "Any of these makes the run elastic: launchers get --nnodes MIN:MAX (MAX = --nodes plus "
+        "one per --add-node) and a rendezvous hosted by emulate on the bridge. WHEN is a time "
+        "since all nodes started (10s, 2.5s) or a training step (step=5: once any node's "
+        "highest committed step reaches 5). A node emulate killed, or whose link it cut, does "
+        "not fail the run.",
+    )
+    elastic.add_argument(
+        "--min-nodes",
+        type=int,
+        default=None,
+        metavar="M",
+        help="run elastic with --nnodes M:MAX (1 <= M <= --nodes; default 1 when faults are given)",
+    )
+    elastic.add_argument(
+        "--kill-node",
+        action="append",
+        default=[],
+        metavar="NODE@WHEN",
+        help="SIGKILL every process of node NODE (launcher and ranks) at WHEN; repeatable",
+    )
+    elastic.add_argument(
+        "--cut-link",
+        action="append",
+        default=[],
+        metavar="NODE@WHEN",
+        help="take node NODE's link down (both veth ends) at WHEN; repeatable",
+    )
+    elastic.add_argument(
+        "--restore-link",
+        action="append",
+        default=[],
+        metavar="NODE@WHEN",
+        help="bring node NODE's link up again at WHEN (after a --cut-link of it); repeatable",
+    )
+    elastic.add_argument(
+        "--add-node",
+        action="append",
+        default=[],
+        metavar="WHEN",
+        help="start one more node (a spare namespace, the next index) at WHEN; repeatable",
     )
     parser.add_argument(
         "--log-dir", default=None, help="per-node launcher logs go to LOG_DIR/node<i>"
@@ -112,17 +168,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point of `longboat emulate`; returns the process exit code."""
+def run(args: argparse.Namespace, node_command: NodeCommand | None = None) -> int:
+    """Entry point of `longboat emulate`; returns the process exit code.
+
+    ``node_command`` replaces `launcher_command` (what each node runs), e.g. in tests.
+    """
     try:
         check_environment(need_tc=not args.cleanup)
         if args.cleanup:
             return _run_cleanup()
-        plan = _prepare(args)
+        plan, schedule = _prepare(args)
     except (EmulateError, ValueError, netns.NetnsError) as exc:
         _log.error("%s", exc)
         return 2
-    return _run_plan(plan, args)
+    return _run_plan(plan, args, schedule, node_command or launcher_command)
 
 
 def _run_cleanup() -> int:
@@ -149,7 +208,19 @@ def check_environment(need_tc: bool = True) -> None:
             raise EmulateError(f"the `{tool}` command was not found; install iproute2")
 
 
-def _prepare(args: argparse.Namespace) -> Plan:
+def fault_plan(args: argparse.Namespace) -> FaultPlan:
+    """The run's faults and elastic shape from ``args`` (raises `faults.FaultError`)."""
+    return faults.plan_faults(
+        args.nodes,
+        getattr(args, "min_nodes", None),
+        kill=getattr(args, "kill_node", None) or (),
+        cut=getattr(args, "cut_link", None) or (),
+        restore=getattr(args, "restore_link", None) or (),
+        add=getattr(args, "add_node", None) or (),
+    )
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Plan, FaultPlan]:
     """Validate the arguments and plan the run; the only object created is netem's scratch link."""
     if not args.script:
         raise EmulateError("no script given: longboat emulate [options] -- script.py [args]")
@@ -159,33 +230,65 @@ def _prepare(args: argparse.Namespace) -> Plan:
         raise EmulateError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if not 1 <= args.master_port <= 65535:
         raise EmulateError(f"--master-port {args.master_port} is not a TCP port (1-65535)")
+    schedule = fault_plan(args)
     rate = netns.parse_rate(args.bandwidth)
     latency = netns.parse_latency(args.latency) if args.latency else None
-    plan = netns.make_plan(args.nodes, rate, latency, run_id=args.run_id)
+    plan = netns.make_plan(
+        args.nodes,
+        rate,
+        latency,
+        run_id=args.run_id,
+        spares=schedule.spares,
+        bridge_address=schedule.elastic,
+    )
     if latency and not netns.netem_available(plan.run_id):
         raise EmulateError(
             f"--latency {args.latency} needs the netem qdisc (sch_netem), which this kernel "
             "does not provide (`tc qdisc add ... netem` fails); drop --latency or load sch_netem"
         )
-    return plan
+    return plan, schedule
 
 
 # ---------------------------------------------------------------- the run
 
 
-def _run_plan(plan: Plan, args: argparse.Namespace) -> int:
+def _run_plan(
+    plan: Plan,
+    args: argparse.Namespace,
+    schedule: FaultPlan | None = None,
+    node_command: NodeCommand | None = None,
+) -> int:
     """Build, launch, wait and tear down; signals become a clean shutdown."""
+    schedule = schedule or FaultPlan(nodes=len(plan.nodes))
+    command = node_command or launcher_command
     log_dir = Path(args.log_dir or Path(tempfile.gettempdir()) / f"longboat-emulate-{plan.run_id}")
     runs: list[_NodeRun] = []
+    store: Any = None
     with _signals_raise():
         try:
-            _log.info("building %d emulated nodes (run %s)", len(plan.nodes), plan.run_id)
+            _log.info("building %d emulated nodes (run %s)", len(plan.initial_nodes), plan.run_id)
             netns.setup(plan)
             print_topology(plan)
             _log.info("launcher logs: %s/node<i>", log_dir)
-            for node in plan.nodes:
-                runs.append(_start_node(plan, node, args, log_dir))
-            return _wait(runs, args.keep_going, args.timeout)
+            master = None
+            if schedule.elastic:
+                store, port = _host_store(plan, args.master_port)
+                master = f"{plan.bridge_address}:{port}"
+                _clear_commits(plan, log_dir)
+                _log.info(
+                    "elastic run: --nnodes %d:%d, rendezvous on %s (this process)",
+                    schedule.min_nodes,
+                    schedule.max_nodes,
+                    master,
+                )
+
+            def start(node: Node) -> _NodeRun:
+                return _start_node(plan, node, args, log_dir, command, master)
+
+            for node in plan.initial_nodes:
+                runs.append(start(node))
+            injector = _Injector(plan, schedule, log_dir, start) if schedule.faults else None
+            return _wait(runs, args.keep_going, args.timeout, injector)
         except _Interrupted as exc:
             _log.warning("got %s: stopping all nodes and cleaning up", exc)
             return 128 + exc.signum
@@ -197,11 +300,62 @@ def _run_plan(plan: Plan, args: argparse.Namespace) -> int:
                 _stop(runs)
                 netns.teardown(plan)
                 _log.info("removed namespaces, veths and bridge of run %s", plan.run_id)
+                del store  # the rendezvous store lives until every node is gone
 
 
-def launcher_command(plan: Plan, node: Node, args: argparse.Namespace, log_dir: Path) -> list[str]:
-    """The command each node runs inside its namespace: `longboat launch` for that node."""
-    master = f"{plan.nodes[0].address}:{args.master_port}"
+def _host_store(plan: Plan, port: int) -> tuple[Any, int]:
+    """The elastic rendezvous store, served by this process on the bridge's address.
+
+    Falls back to a free port when ``port`` is taken in the root namespace.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    def serve(p: int) -> Any:
+        return dist.TCPStore(
+            plan.bridge_address,
+            p,
+            is_master=True,
+            wait_for_workers=False,
+            multi_tenant=True,
+            timeout=timedelta(seconds=30),
+        )
+
+    try:
+        store = serve(port)
+    except (RuntimeError, OSError) as exc:
+        store = serve(0)
+        _log.warning("port %d is taken (%s); the rendezvous uses port %d", port, exc, store.port)
+    return store, int(store.port)
+
+
+def _clear_commits(plan: Plan, log_dir: Path) -> None:
+    """Remove step counts an earlier run left in these log directories (step triggers read them)."""
+    for directory in _commit_dirs(plan, log_dir):
+        for path in directory.glob("commits-*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _commit_dirs(plan: Plan, log_dir: Path) -> list[Path]:
+    return [log_dir / f"node{n.index}" / ".elastic" for n in plan.nodes]
+
+
+def launcher_command(
+    plan: Plan,
+    node: Node,
+    args: argparse.Namespace,
+    log_dir: Path,
+    master: str | None = None,
+) -> list[str]:
+    """The command each node runs inside its namespace: `longboat launch` for that node.
+
+    Static runs: ``--nnodes N --node-rank i``, master on node 0. Elastic runs (the plan has a
+    bridge address): ``--nnodes MIN:MAX`` with MAX = every planned node, spares included, and
+    the rendezvous on the bridge; the rendezvous numbers the nodes.
+    """
+    master = master or _default_master(plan, args)
     if getattr(args, "launcher", "longboat") == "torchrun":
         return torchrun_command(plan, node, args, master)
     return [
@@ -210,9 +364,7 @@ def launcher_command(plan: Plan, node: Node, args: argparse.Namespace, log_dir: 
         "longboat",
         "launch",
         "--nnodes",
-        str(len(plan.nodes)),
-        "--node-rank",
-        str(node.index),
+        *_node_count(plan, node, args),
         "--nproc-per-node",
         str(args.nproc_per_node),
         "--master",
@@ -224,23 +376,34 @@ def launcher_command(plan: Plan, node: Node, args: argparse.Namespace, log_dir: 
     ]
 
 
+def _default_master(plan: Plan, args: argparse.Namespace) -> str:
+    host = plan.bridge_address or plan.nodes[0].address
+    return f"{host}:{args.master_port}"
+
+
+def _node_count(plan: Plan, node: Node, args: argparse.Namespace) -> list[str]:
+    """``N --node-rank i`` (static) or ``MIN:MAX`` (elastic), following ``--nnodes``."""
+    if plan.bridge_address is None:
+        return [str(len(plan.nodes)), "--node-rank", str(node.index)]
+    return [f"{getattr(args, 'min_nodes', None) or 1}:{len(plan.nodes)}"]
+
+
 def torchrun_command(plan: Plan, node: Node, args: argparse.Namespace, master: str) -> list[str]:
     """The same node started by plain torchrun (``--launcher torchrun``), for comparison."""
     host, port = master.rsplit(":", 1)
+    if plan.bridge_address is not None:
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", master, "--rdzv-id", plan.prefix]
+    else:
+        rendezvous = ["--master-addr", host, "--master-port", port]
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nnodes",
-        str(len(plan.nodes)),
-        "--node-rank",
-        str(node.index),
+        *_node_count(plan, node, args),
         "--nproc-per-node",
         str(args.nproc_per_node),
-        "--master-addr",
-        host,
-        "--master-port",
-        port,
+        *rendezvous,
         args.script,
         *_script_args(args.script_args),
     ]
@@ -251,15 +414,21 @@ def _script_args(extra: Sequence[str]) -> list[str]:
 
 
 def node_env(plan: Plan, node: Node) -> dict[str, str]:
-    """The launcher's environment: ours plus the node's identity and its link."""
+    """The launcher's environment: ours plus the node's identity and its link.
+
+    Elastic runs leave the node rank and count to the rendezvous.
+    """
     env = dict(os.environ)
     env.update(
-        LONGBOAT_NODE_RANK=str(node.index),
-        LONGBOAT_NNODES=str(len(plan.nodes)),
         GLOO_SOCKET_IFNAME=node.ifname,
         LONGBOAT_EMULATE_BANDWIDTH=plan.rate,
         PYTHONUNBUFFERED="1",
     )
+    if plan.bridge_address is None:
+        env.update(LONGBOAT_NODE_RANK=str(node.index), LONGBOAT_NNODES=str(len(plan.nodes)))
+    else:
+        env.pop("LONGBOAT_NODE_RANK", None)
+        env.pop("LONGBOAT_NNODES", None)
     if plan.latency_s:
         env["LONGBOAT_EMULATE_LATENCY"] = f"{plan.latency_s * 1e3:g}ms"
     return env
@@ -278,11 +447,25 @@ def _pump(stream: IO[bytes], node: int) -> None:
     stream.close()
 
 
-def _start_node(plan: Plan, node: Node, args: argparse.Namespace, log_dir: Path) -> _NodeRun:
+def _announce(text: str) -> None:
+    """One ``[emulate] ...`` console line (an injected fault)."""
+    with _console_lock:
+        sys.stdout.write(f"[emulate] {text}\n")
+        sys.stdout.flush()
+
+
+def _start_node(
+    plan: Plan,
+    node: Node,
+    args: argparse.Namespace,
+    log_dir: Path,
+    command: NodeCommand | None = None,
+    master: str | None = None,
+) -> _NodeRun:
     """Start the node's launcher in its namespace and its own process group."""
-    cmd = ["ip", "netns", "exec", node.namespace, *launcher_command(plan, node, args, log_dir)]
+    argv = (command or launcher_command)(plan, node, args, log_dir, master=master)
     proc = subprocess.Popen(
-        cmd,
+        ["ip", "netns", "exec", node.namespace, *argv],
         env=node_env(plan, node),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -295,16 +478,111 @@ def _start_node(plan: Plan, node: Node, args: argparse.Namespace, log_dir: Path)
     return _NodeRun(node, proc, pump)
 
 
-def _wait(runs: list[_NodeRun], keep_going: bool, timeout: float | None) -> int:
+class _Injector:
+    """Fires a run's faults when their time or step comes (polled by `_wait`)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        schedule: FaultPlan,
+        log_dir: Path,
+        start: Callable[[Node], _NodeRun],
+    ):
+        self.plan = plan
+        self.pending: list[Fault] = list(schedule.faults)
+        self.began = time.monotonic()
+        self.spares = list(plan.nodes[len(plan.initial_nodes) :])
+        self.started: set[int] = {n.index for n in plan.initial_nodes}
+        self.cut: set[int] = set()  # links cut at some point (their node's failure is forgiven)
+        self.down: set[int] = set()  # links down now
+        self._dirs = _commit_dirs(plan, log_dir)
+        self._start = start
+        self._watch_steps = any(f.when.step is not None for f in self.pending)
+
+    def poll(self, runs: list[_NodeRun]) -> None:
+        """Fire every due fault; an added node's run is appended to ``runs``."""
+        if not self.pending:
+            return
+        elapsed = time.monotonic() - self.began
+        step = faults.highest_step(self._dirs) if self._watch_steps else -1
+        for fault in list(self.pending):
+            if not fault.when.due(elapsed, step) or not self._ready(fault):
+                continue
+            self.pending.remove(fault)
+            moment = f"at {elapsed:.1f} s"
+            if fault.when.step is not None:
+                moment = f"at step {step} ({elapsed:.1f} s)"
+            try:
+                self._fire(fault, runs, moment)
+            except netns.NetnsError as exc:
+                _log.error("%s failed: %s", fault.flag, exc)
+
+    def _ready(self, fault: Fault) -> bool:
+        """A kill waits for its node to start, a restore for the cut it undoes."""
+        if fault.kind == "kill":
+            return fault.node in self.started
+        if fault.kind == "restore":
+            return fault.node in self.down
+        return fault.kind != "add" or bool(self.spares)
+
+    def _fire(self, fault: Fault, runs: list[_NodeRun], moment: str) -> None:
+        if fault.kind == "add":
+            node = self.spares.pop(0)
+            runs.append(self._start(node))
+            self.started.add(node.index)
+            self._mark(runs, node.index, "link cut" if node.index in self.cut else None)
+            _announce(f"added node {node.index} {moment}")
+            return
+        assert fault.node is not None
+        node = self.plan.nodes[fault.node]
+        if fault.kind == "kill":
+            self._mark(runs, node.index, "killed by emulate")
+            for r in runs:
+                if r.node.index == node.index:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(r.proc.pid, signal.SIGKILL)
+            netns.kill_namespace(node.namespace)
+            _announce(f"killed node {node.index} {moment}")
+        elif fault.kind == "cut":
+            netns.set_link(self.plan, node, up=False)
+            self.cut.add(node.index)
+            self.down.add(node.index)
+            self._mark(runs, node.index, "link cut by emulate")
+            _announce(f"cut link of node {node.index} {moment}")
+        else:
+            netns.set_link(self.plan, node, up=True)
+            self.down.discard(node.index)
+            _announce(f"restored link of node {node.index} {moment}")
+
+    @staticmethod
+    def _mark(runs: list[_NodeRun], index: int, why: str | None) -> None:
+        for r in runs:
+            if r.node.index == index and why and r.faulted is None:
+                r.faulted = why
+
+    def report_unfired(self) -> None:
+        for fault in self.pending:
+            _log.warning("%s did not fire: the run ended first", fault.flag)
+
+
+def _wait(
+    runs: list[_NodeRun],
+    keep_going: bool,
+    timeout: float | None,
+    injector: _Injector | None = None,
+) -> int:
     """Wait for every launcher; on the first failure stop the rest (unless ``keep_going``).
 
-    Returns 0, or the first failed node's exit code (1 for a signal), naming the node.
+    Nodes emulate faulted (`_NodeRun.faulted`) may fail without failing the run. Returns 0, or
+    the first failed node's exit code (1 for a signal), naming the node.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     first: _NodeRun | None = None
     while any(r.proc.poll() is None for r in runs):
+        if injector is not None:
+            injector.poll(runs)
         if first is None:
-            first = next((r for r in runs if r.proc.poll() not in (None, 0)), None)
+            first = next((r for r in runs if _failed(r)), None)
             if first is not None:
                 _log.error("node %d: %s", first.node.index, _describe(first.proc.returncode))
                 if not keep_going:
@@ -316,7 +594,14 @@ def _wait(runs: list[_NodeRun], keep_going: bool, timeout: float | None) -> int:
             return 124
         time.sleep(_POLL_S)
     _join_pumps(runs)
+    if injector is not None:
+        injector.report_unfired()
     return _summarise(runs, first)
+
+
+def _failed(run: _NodeRun) -> bool:
+    """Whether ``run`` ended with an error that counts (not one emulate caused)."""
+    return run.proc.poll() not in (None, 0) and run.faulted is None
 
 
 def _describe(code: int) -> str:
@@ -326,14 +611,25 @@ def _describe(code: int) -> str:
 
 
 def _summarise(runs: list[_NodeRun], first: _NodeRun | None) -> int:
-    first = first or next((r for r in runs if r.proc.returncode != 0), None)
+    faulted = [r for r in runs if r.faulted is not None]
+    for r in faulted:
+        _log.info(
+            "node %d (%s): %s; not counted as a failure",
+            r.node.index,
+            r.faulted,
+            "finished successfully" if r.proc.returncode == 0 else _describe(r.proc.returncode),
+        )
+    first = first or next((r for r in runs if _failed(r)), None)
     if first is None:
-        _log.info("all %d nodes finished successfully", len(runs))
+        if faulted:
+            healthy = len(runs) - len(faulted)
+            nodes = "1 node" if healthy == 1 else f"{healthy} nodes"
+            _log.info("every node not faulted finished successfully (%s)", nodes)
+        else:
+            _log.info("all %d nodes finished successfully", len(runs))
         return 0
     others = [
-        f"node {r.node.index} ({r.proc.returncode})"
-        for r in runs
-        if r is not first and r.proc.returncode != 0
+        f"node {r.node.index} ({r.proc.returncode})" for r in runs if r is not first and _failed(r)
     ]
     code = first.proc.returncode
     _log.error(
@@ -375,13 +671,15 @@ def _join_pumps(runs: list[_NodeRun]) -> None:
 def print_topology(plan: Plan) -> None:
     """The emulated cluster as a table: node, namespace, address, interfaces, shaping."""
     latency = f"{plan.latency_s * 1e3:g} ms" if plan.latency_s else "-"
-    table = Table(title=f"longboat emulate: run {plan.run_id}, bridge {plan.bridge}")
+    bridge = plan.bridge + (f" ({plan.bridge_address}, rendezvous)" if plan.bridge_address else "")
+    table = Table(title=f"longboat emulate: run {plan.run_id}, bridge {bridge}")
     for column in ("node", "namespace", "address", "interface", "bridge port", "rate", "latency"):
         table.add_column(column, no_wrap=True)
+    spares = {n.index for n in plan.nodes[len(plan.initial_nodes) :]}
     for n in plan.nodes:
         rate = f"{plan.rate} (burst {plan.burst_bytes // 1024} KiB)"
         table.add_row(
-            str(n.index),
+            f"{n.index} (spare)" if n.index in spares else str(n.index),
             n.namespace,
             f"{n.address}/{plan.subnet.prefixlen}",
             n.ifname,

@@ -3,10 +3,13 @@
 Every object a run creates is named ``lbem<id>...`` (``<id>``: 6 hex digits, unique per run), so
 runs never collide and leftovers of a crashed run can be found by name (`cleanup_stale`):
 
-    bridge        lbem<id>b           (root namespace, no address)
+    bridge        lbem<id>b           (root namespace; no address, elastic runs: 10.<x>.<y>.254)
     namespace     lbem<id>-node<i>
     veth, node    lbem<id>n<i>        (inside the namespace; address 10.<x>.<y>.<i+1>/24)
     veth, bridge  lbem<id>h<i>        (root namespace, enslaved to the bridge)
+
+Elastic runs (faults, ``--min-nodes``) also plan spare nodes for ``--add-node`` and give the
+bridge the subnet's last host address, where the rendezvous store lives (no node has it).
 
 Each veth end gets ``tbf`` on egress: the node end caps what the node sends, the bridge end caps
 what it receives. All commands run through `ip`/`tc` with argument lists (no shell).
@@ -38,11 +41,13 @@ __all__ = [
     "Plan",
     "cleanup_stale",
     "format_rate",
+    "kill_namespace",
     "kill_namespace_processes",
     "make_plan",
     "netem_available",
     "parse_latency",
     "parse_rate",
+    "set_link",
     "setup",
     "teardown",
 ]
@@ -105,10 +110,19 @@ class Plan:
     rate_bps: int
     burst_bytes: int
     latency_s: float | None
+    #: the last ``spares`` of ``nodes`` are built but not started (``--add-node``)
+    spares: int = 0
+    #: the bridge's address in the root namespace (elastic runs), else None
+    bridge_address: str | None = None
 
     @property
     def prefix(self) -> str:
         return f"{PREFIX}{self.run_id}"
+
+    @property
+    def initial_nodes(self) -> tuple[Node, ...]:
+        """The nodes started with the run (all but the spares)."""
+        return self.nodes[: len(self.nodes) - self.spares]
 
     @property
     def rate(self) -> str:
@@ -217,11 +231,22 @@ def choose_subnet(run_id: str, used: Sequence[ipaddress.IPv4Network]) -> ipaddre
 
 
 def make_plan(
-    nnodes: int, rate_bps: int, latency_s: float | None = None, run_id: str | None = None
+    nnodes: int,
+    rate_bps: int,
+    latency_s: float | None = None,
+    run_id: str | None = None,
+    spares: int = 0,
+    bridge_address: bool = False,
 ) -> Plan:
-    """Names, addresses and shaping for ``nnodes`` nodes; reads the routing table, creates nothing."""
-    if not 1 <= nnodes <= MAX_NODES:
-        raise ValueError(f"--nodes must be between 1 and {MAX_NODES}, got {nnodes}")
+    """Names, addresses and shaping for ``nnodes`` nodes plus ``spares``; reads the routing
+    table, creates nothing. With ``bridge_address`` the bridge gets the subnet's last host."""
+    most = MAX_NODES - 1 if bridge_address else MAX_NODES
+    if not 1 <= nnodes <= most:
+        raise ValueError(f"--nodes must be between 1 and {most}, got {nnodes}")
+    if spares < 0 or nnodes + spares > most:
+        raise ValueError(
+            f"--nodes {nnodes} plus {spares} added node(s) exceed {most} nodes on one /24"
+        )
     run_id = run_id or _new_run_id()
     if not re.fullmatch(rf"[0-9a-f]{{{_ID_LEN}}}", run_id):
         raise ValueError(f"run id {run_id!r} must be {_ID_LEN} lowercase hex digits")
@@ -230,9 +255,12 @@ def make_plan(
     base = f"{PREFIX}{run_id}"
     nodes = tuple(
         Node(i, f"{base}-node{i}", f"{base}n{i}", f"{base}h{i}", str(hosts[i]))
-        for i in range(nnodes)
+        for i in range(nnodes + spares)
     )
-    return Plan(run_id, f"{base}b", subnet, nodes, rate_bps, burst_for(rate_bps), latency_s)
+    bridge = str(hosts[-1]) if bridge_address else None
+    return Plan(
+        run_id, f"{base}b", subnet, nodes, rate_bps, burst_for(rate_bps), latency_s, spares, bridge
+    )
 
 
 # ---------------------------------------------------------------- netem
@@ -298,9 +326,19 @@ def setup(plan: Plan) -> None:
     """Create the bridge and every node; on failure the caller's `teardown` removes the rest."""
     _write_owner(plan.run_id)
     _run(["ip", "link", "add", plan.bridge, "type", "bridge"])
+    if plan.bridge_address:  # goes with the bridge in teardown/cleanup
+        address = f"{plan.bridge_address}/{plan.subnet.prefixlen}"
+        _run(["ip", "addr", "add", address, "dev", plan.bridge])
     _run(["ip", "link", "set", plan.bridge, "up"])
     for node in plan.nodes:
         _setup_node(plan, node)
+
+
+def set_link(plan: Plan, node: Node, up: bool) -> None:
+    """Take ``node``'s veth link down or up, both ends (the node's and the bridge's)."""
+    state = "up" if up else "down"
+    _run(_ns(node.namespace, "ip", "link", "set", node.ifname, state))
+    _run(["ip", "link", "set", node.bridge_port, state])
 
 
 def namespace_pids(namespace: str) -> list[int]:
@@ -323,6 +361,14 @@ def _wait_namespace_empty(namespace: str, timeout: float = 5.0) -> None:
     while namespace_pids(namespace) and time.monotonic() < deadline:
         kill_namespace_processes(namespace)
         time.sleep(0.05)
+
+
+def kill_namespace(namespace: str, timeout: float = 5.0) -> int:
+    """SIGKILL every process in ``namespace`` until none is left (or ``timeout``); returns how
+    many were signalled first."""
+    killed = kill_namespace_processes(namespace)
+    _wait_namespace_empty(namespace, timeout)
+    return killed
 
 
 def _delete_namespace(namespace: str) -> None:
