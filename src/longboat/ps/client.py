@@ -33,6 +33,7 @@ METHODS = (
     "configure",
     "stop",
     "hello",
+    "join",
 )
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_MAX_MESSAGE_MB = 256

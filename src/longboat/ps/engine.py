@@ -24,6 +24,7 @@ from longboat.ps.config import PSConfig, cluster_from_env
 from longboat.ps.optim import describe_torch_optimizer
 from longboat.ps.params import DenseParams, part
 from longboat.ps.plan import make_plan
+from longboat.ps.request import DROPPED
 from longboat.ps.sparse import SparseEmbedding, SparseLookups
 from longboat.ps.wire import Message
 from longboat.ps.wrappers import PSModel, PSOptimizer
@@ -205,8 +206,12 @@ class PSEngine:
             }
             msgs[s] = Message(meta, values)
         replies = self.client.call_all("init", msgs)
-        self.step_no = max(int(r.meta.get("version", 0)) for r in replies.values())
-        self.dense.barrier()
+        step = max(int(r.meta.get("version", 0)) for r in replies.values())
+        self.step_no, rejoined = self._join(step)
+        if rejoined and self.step_no > 0:
+            self._check_can_rejoin()
+        if not rejoined or self.dense._barrier_gen == 0:  # else the others are past it
+            self.dense.barrier()
         self.dense.pull(self.step_no)
         if self.trainer == 0:
             loads = ", ".join(str(n) for n in self.plan.loads())
@@ -221,6 +226,48 @@ class PSEngine:
             )
             log.debug("sharding plan:\n%s", self.plan.describe())
 
+    def _join(self, step: int) -> tuple[int, bool]:
+        """Tell every server to expect this trainer from sync ``step`` on (or the latest step
+        one of them has begun, asking again with that): (the step, whether this trainer had
+        joined before, e.g. a restarted process)."""
+        for _ in range(16):
+            meta = {"trainer": self.trainer, "step": step}
+            replies = self.client.call_all(
+                "join", {s: Message(dict(meta)) for s in range(len(self.client))}
+            )
+            steps = {int(r.meta["step"]) for r in replies.values()}
+            rejoined = any(bool(r.meta.get("rejoined")) for r in replies.values())
+            if rejoined:  # the engine's barrier goes on from the others' generation
+                self.dense._barrier_gen = max(int(r.meta["barrier"]) for r in replies.values())
+            if steps == {step}:
+                return step, rejoined
+            step = max(steps)
+        raise PSError(
+            f"trainer {self.trainer} could not rejoin: the servers kept moving past the step it "
+            f"asked for (last {step})"
+        )
+
+    def _check_can_rejoin(self) -> None:
+        if self._update == "sum":
+            raise PSError(
+                f"trainer {self.trainer} cannot rejoin a running job with "
+                "a_sync_configs['update_on_server']=False: the servers hold gradients, not the "
+                "parameters it would resume from"
+            )
+
+    def rejoin(self) -> int:
+        """After the servers dropped this trainer (silent longer than their trainer timeout):
+        forget what is in flight, take part again from the servers' current step, pull the
+        parameters and return that step (``step()`` does this by itself on a refusal)."""
+        self._check_can_rejoin()
+        self.dense.pending = {}
+        self.sparse.clear()
+        self.mode.abandon()
+        pings = self.client.call_all("ping", {s: Message() for s in range(len(self.client))})
+        self.step_no, _ = self._join(max(int(r.meta.get("step", 0)) for r in pings.values()))
+        self.dense.pull(self.step_no)
+        return self.step_no
+
     # ---- the step ---------------------------------------------------------------------------
     def step(self) -> None:
         """One optimizer step in the configured mode."""
@@ -232,7 +279,19 @@ class PSEngine:
 
     def _step(self) -> None:
         self.synchronize()
-        self.mode.step()
+        try:
+            self.mode.step()
+        except PSError as exc:
+            if exc.code != "FAILED_PRECONDITION" or DROPPED not in str(exc):
+                raise
+            log.warning(
+                "trainer %d %s (silent too long; its step %d is discarded): it rejoins",
+                self.trainer,
+                DROPPED,
+                self.step_no,
+            )
+            log.warning("trainer %d rejoined at step %d", self.trainer, self.rejoin())
+            return
         self.step_no += 1
 
     def _waiting(self, what: str) -> contextlib.AbstractContextManager[Any]:

@@ -15,6 +15,7 @@ MAX_CALLS_ENV = "LONGBOAT_PS_MAX_CALLS"
 MAX_STREAMS_ENV = "LONGBOAT_PS_MAX_STREAMS"
 MAX_CONNECTIONS_ENV = "LONGBOAT_PS_MAX_CONNECTIONS"
 BODY_TIMEOUT_ENV = "LONGBOAT_PS_BODY_TIMEOUT"
+TRAINER_TIMEOUT_ENV = "LONGBOAT_PS_TRAINER_TIMEOUT"
 
 KEEPALIVE_S = 60  # the server pings a connection with calls this often, to find dead peers
 KEEPALIVE_TIMEOUT_S = 20  # ... and closes it when the ping is not answered within this
@@ -29,6 +30,7 @@ ENV = {
     "max_streams": MAX_STREAMS_ENV,
     "max_connections": MAX_CONNECTIONS_ENV,
     "body_timeout_s": BODY_TIMEOUT_ENV,
+    "trainer_timeout_s": TRAINER_TIMEOUT_ENV,
 }
 
 
@@ -40,6 +42,9 @@ class ServerLimits:
     max_streams: int = 128  # calls in progress on one connection (HTTP/2 MAX_CONCURRENT_STREAMS)
     max_connections: int = 1024  # open connections to the server
     body_timeout_s: float = 60.0  # seconds from a call's start until its request has arrived
+    # seconds a trainer that a sync step or barrier waits for may stay silent before the
+    # server drops it from the steps (docs/ps.md, "When a trainer dies")
+    trainer_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

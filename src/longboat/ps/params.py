@@ -99,7 +99,7 @@ class DenseParams:
         for s in range(len(self.client)):
             sized = [(b.key, math.prod(b.shape) * 4) for b in self.plan.of_server(s)]  # float32
             for keys in chunks_by_bytes(sized, self._chunk_bytes):
-                meta = {"keys": keys, "version": version}
+                meta = {"keys": keys, "version": version, "trainer": self.trainer}
                 pulls.setdefault(s, []).append(self.client.start(s, "pull", Message(meta)))
         return pulls
 

@@ -13,6 +13,14 @@ class StaleStep(RuntimeError):
     """A sync push or pull for a step this server is not at (e.g. it restarted from a checkpoint)."""
 
 
+DROPPED = "was dropped from the sync steps"  # in a Dropped refusal's text: the engine rejoins
+
+
+class Dropped(StaleStep):
+    """A sync push from a trainer the server dropped (silent too long) and that has not rejoined
+    for that step: refused, never applied."""
+
+
 def meta_int(meta: dict[str, Any], key: str, default: int) -> int:
     """``meta[key]`` as an int (``default`` if absent); RequestError for anything else."""
     value = meta.get(key, default)

@@ -70,7 +70,11 @@ class Server:
         self.index, self.num_servers, self._token = index, num_servers, token
         self.max_bytes = max_bytes or max_message_bytes()
         self.limits = limits or ServerLimits.from_env()
-        self.state = ServerState(index, num_servers)
+        self.state = ServerState(index, num_servers, trainer_timeout=self.limits.trainer_timeout_s)
+        self._liveness = threading.Event()  # set: stop the liveness thread
+        self._liveness_thread = threading.Thread(
+            target=self._watch_trainers, name=f"lb-ps-liveness-{index}", daemon=True
+        )
         self.boot = secrets.token_hex(8)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.checkpoint_every = checkpoint_every
@@ -127,14 +131,27 @@ class Server:
 
     def start(self) -> Server:
         self._grpc.start()
+        self._liveness_thread.start()
         log.info(
             "parameter server %d of %d listening on %s", self.index, self.num_servers, self.endpoint
         )
         return self
 
     def stop(self, grace: float | None = 0) -> None:
+        self._liveness.set()
         self._grpc.stop(grace).wait(10)
         self._alarms.close()
+        if self._liveness_thread.is_alive():
+            self._liveness_thread.join(10)
+
+    def _watch_trainers(self) -> None:
+        """Drop silent trainers (``ServerState.drop_silent``) every quarter of the timeout."""
+        period = min(1.0, self.limits.trainer_timeout_s / 4)
+        while not self._liveness.wait(period):
+            try:
+                self.state.drop_silent()
+            except Exception:  # never end the watch: log and look again
+                log.exception("server %d: the trainer liveness check failed", self.index)
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
@@ -196,6 +213,9 @@ class Server:
     def _do_barrier(self, msg: Message, deadline: float) -> Message:
         return self.state.barrier(msg, deadline)
 
+    def _do_join(self, msg: Message, deadline: float) -> Message:
+        return self.state.join(msg)
+
     def _do_configure(self, msg: Message, deadline: float) -> Message:
         return self.state.configure(msg)
 
@@ -206,13 +226,14 @@ class Server:
         )
 
     def _do_stop(self, msg: Message, deadline: float) -> Message:
-        """A trainer is done; once all are, ``finished`` is set and ``run_server`` returns."""
+        """A trainer is done; once all are (but those dropped and not back), ``finished`` is
+        set and ``run_server`` returns."""
         trainer = meta_int(msg.meta, "trainer", 0)
         with self.state.cond:
             if not 0 <= trainer < max(self.state.trainers, 1):
                 raise RequestError(f"trainer {trainer} is out of range ({self.state.trainers})")
             self._stopped.add(trainer)
-            if len(self._stopped) >= max(self.state.trainers, 1):
+            if self.state.present() <= self._stopped:
                 log.info("server %d: every trainer stopped", self.index)
                 self.finished.set()
         return Message({"stopped": len(self._stopped)})

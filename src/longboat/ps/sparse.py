@@ -172,7 +172,7 @@ class SparseLookups:
         for s in range(servers):
             mask = uniq % servers == s
             if bool(mask.any()):
-                meta = {"keys": [], "version": version}
+                meta = {"keys": [], "version": version, "trainer": self.trainer}
                 msg = Message(meta, {f"{table.name}@ids": uniq[mask]})
                 calls[s] = (mask, self.client.start(s, "pull", msg))
         with self._waiting("pull"):

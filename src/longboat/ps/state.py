@@ -2,23 +2,32 @@
 
 Dense blocks (``blocks.py``) carry their value, their optimizer and a version. In sync jobs a
 block waits for all trainers' pushes of one step, sums them in trainer order and divides by the
-number of trainers before applying once (blocks with ``reduce="sum"``, as MXNet's KVStore has
-them, skip the division). Sparse tables (``tables.py``) are sharded by row id
+number of trainers that pushed before applying once (blocks with ``reduce="sum"``, as MXNet's
+KVStore has them, skip the division). Sparse tables (``tables.py``) are sharded by row id
 (``id % num_servers``) and updated per touched row. Request fields are read with
 ``request.py``.
+
+Trainer liveness (sync steps and barriers): a trainer that something waits for and that has been
+silent (no call in progress, none ended) for ``trainer_timeout`` seconds is dropped by
+``drop_silent``: its pushes of unfinished steps are discarded, those steps complete with the
+trainers that pushed (the mean over them) and later steps and barriers stop waiting for it. Its
+pushes are refused (``Dropped``) until it calls ``join``, which makes the servers expect it again
+from the step it names (the engine does so at connect, and after a refusal).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from longboat.log import get_logger
 from longboat.ps import wire
 from longboat.ps.blocks import (
     REDUCES,
@@ -29,20 +38,32 @@ from longboat.ps.blocks import (
     load_block,
     make_block,
 )
-from longboat.ps.request import RequestError, StaleStep, meta_int, meta_list
+from longboat.ps.limits import TRAINER_TIMEOUT_ENV
+from longboat.ps.request import DROPPED, Dropped, RequestError, StaleStep, meta_int, meta_list
 from longboat.ps.tables import Table, apply_rows, load_table, local_rows, make_table, table_state
 from longboat.ps.wire import Message
 
 SCOPES = ("engine", "kv")  # who says hello: lb.ps.distribute's engine, or a KVClient
+GONE = math.inf  # ServerState.back_at of a dropped trainer that has not rejoined
+
+log = get_logger("longboat.ps")
 
 __all__ = ["REDUCES", "SCOPES", "UPDATES", "DenseBlock", "RequestError", "ServerState",
            "StaleStep", "Table", "meta_int", "meta_list"]  # fmt: skip
 
 
 class ServerState:
-    """The blocks, tables and barriers of server ``index`` of ``num_servers``."""
+    """The blocks, tables and barriers of server ``index`` of ``num_servers``; trainers silent
+    for ``trainer_timeout`` seconds (read on ``clock``) may be dropped (``drop_silent``)."""
 
-    def __init__(self, index: int, num_servers: int, max_table_bytes: int = 1 << 31) -> None:
+    def __init__(
+        self,
+        index: int,
+        num_servers: int,
+        max_table_bytes: int = 1 << 31,
+        trainer_timeout: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.index, self.num_servers = index, num_servers
         self.max_table_bytes = max_table_bytes
         self.cond = threading.Condition()
@@ -53,6 +74,16 @@ class ServerState:
         self.barriers: dict[tuple[str, int], set[int]] = {}
         self.settings: dict[str, dict[str, Any]] = {}  # scope -> {"set_by", "settings"}
         self.on_version: Callable[[int], None] | None = None  # periodic checkpoints
+        # trainer liveness (see the module's docstring)
+        self.trainer_timeout, self.clock = trainer_timeout, clock
+        self.last_seen: dict[int, float] = {}  # trainer -> when a call of it started or ended
+        self.busy: dict[int, int] = {}  # trainer -> its calls in progress
+        self.last_step: dict[int, int] = {}  # trainer -> the highest sync step it pushed
+        self.back_at: dict[int, float] = {}  # trainer -> first step it is expected at (GONE)
+        self.dropped_at: dict[int, int] = {}  # trainer -> the step that was waiting when dropped
+        self.joined: set[int] = set()  # trainers that called join
+        self.barrier_done: dict[str, int] = {}  # name -> the highest generation completed
+        self._refusals: set[tuple[int, int]] = set()  # (trainer, step) refusals logged
 
     # ---- hello ----------------------------------------------------------------------------
     def hello(self, msg: Message, own: dict[str, Any]) -> Message:
@@ -100,6 +131,7 @@ class ServerState:
                     tables.setdefault(name, table)
             self.digest = self.digest or digest
             self.trainers = self.trainers or trainers
+            self._touch(meta.get("trainer"))
             self.blocks.update(blocks)
             self.tables.update(tables)
             self.cond.notify_all()
@@ -169,7 +201,7 @@ class ServerState:
             for lr in lrs
         ):
             raise RequestError("'lrs' must list the learning rate (a number) of each param group")
-        with self.cond:
+        with self.cond, self._calling(trainer):
             if not 0 <= trainer < max(self.trainers, 1):
                 raise RequestError(f"trainer {trainer} is out of range (job has {self.trainers})")
             dense = {k: t for k, t in msg.tensors.items() if "@" not in k}
@@ -177,6 +209,9 @@ class ServerState:
             for key, grad in dense.items():
                 self._check_dense(key, grad)
             tables = self._sparse_pushes(sparse)
+            if any(self.blocks[k].sync for k in dense) or any(self.tables[n].sync for n in tables):
+                self._refuse_if_dropped(trainer, step)
+                self.last_step[trainer] = max(step, self.last_step.get(trainer, step))
             if deadline is not None:
                 held = [self.blocks[k] for k in dense] + [self.tables[n] for n in tables]
                 self._wait(
@@ -256,14 +291,22 @@ class ServerState:
             )
         block.round_lr = block.round_lr or (trainer, lr)
         block.pending[trainer] = grad.clone()
-        if len(block.pending) == self.trainers:
-            block.round_lr = None
-            total = block.pending[0]
-            for t in range(1, self.trainers):
-                total = total + block.pending[t]
-            block.pending.clear()
-            apply_block(block, total / self.trainers if block.reduce == "mean" else total, lr)
-            self._bumped(block.version)
+        self._settle_block(block)
+
+    def _settle_block(self, block: DenseBlock) -> None:
+        """Apply ``block``'s step once every trainer expected at it pushed: their pushes summed
+        in trainer order (divided by their number for ``reduce="mean"``)."""
+        if not block.pending or not self._expected(block.version) <= block.pending.keys():
+            return
+        lr = block.round_lr[1] if block.round_lr is not None else None
+        order = sorted(block.pending)
+        total = block.pending[order[0]]
+        for t in order[1:]:
+            total = total + block.pending[t]
+        block.pending.clear()
+        block.round_lr = None
+        apply_block(block, total / len(order) if block.reduce == "mean" else total, lr)
+        self._bumped(block.version)
 
     def _push_table(
         self, name: str, rows: torch.Tensor, grad: torch.Tensor, trainer: int, step: int
@@ -280,16 +323,21 @@ class ServerState:
         if trainer in table.pending:
             raise RequestError(f"trainer {trainer} pushed table {name!r} twice in step {step}")
         table.pending[trainer] = (rows.clone(), grad.clone())
-        if len(table.pending) == self.trainers:
-            parts = [table.pending[t] for t in range(self.trainers)]
-            table.pending.clear()
-            apply_rows(
-                table,
-                torch.cat([p[0] for p in parts]),
-                torch.cat([p[1] for p in parts]),
-                self.trainers,
-            )
-            self._bumped(table.version)
+        self._settle_table(table)
+
+    def _settle_table(self, table: Table) -> None:
+        """Apply ``table``'s step once every trainer expected at it pushed (the mean over them)."""
+        if not table.pending or not self._expected(table.version) <= table.pending.keys():
+            return
+        parts = [table.pending[t] for t in sorted(table.pending)]
+        table.pending.clear()
+        apply_rows(
+            table,
+            torch.cat([p[0] for p in parts]),
+            torch.cat([p[1] for p in parts]),
+            len(parts),
+        )
+        self._bumped(table.version)
 
     def _bumped(self, version: int) -> None:
         if (
@@ -310,7 +358,8 @@ class ServerState:
         if any(not k.endswith("@ids") for k in msg.tensors):
             raise RequestError("a pull carries only '<table>@ids' tensors (the rows it wants)")
         id_entries = {k[: -len("@ids")]: t for k, t in msg.tensors.items()}
-        with self.cond:
+        trainer = msg.meta.get("trainer")
+        with self.cond, self._calling(trainer if isinstance(trainer, int) else None):
             for key in keys:
                 if key not in self.blocks:
                     raise RequestError(f"server {self.index} holds no block {key!r}")
@@ -343,45 +392,204 @@ class ServerState:
             self.trainers = self.trainers or trainers
             if not 0 <= trainer < max(self.trainers, 1):
                 raise RequestError(f"trainer {trainer} is out of range (job has {self.trainers})")
-            self.barriers.setdefault((name, gen), set()).add(trainer)
-            for old in [k for k in self.barriers if k[0] == name and k[1] < gen - 1]:
-                del self.barriers[old]
-            self.cond.notify_all()
-            self._wait(
-                lambda: (
-                    len(self.barriers.get((name, gen), ())) >= max(self.trainers, 1)
-                    or any(n == name and g > gen for n, g in self.barriers)
-                ),
-                deadline,
-                f"all {self.trainers} trainers at barrier {name or 'step'} {gen}",
-            )
+            with self._calling(trainer):
+                self.barriers.setdefault((name, gen), set()).add(trainer)
+                for old in [k for k in self.barriers if k[0] == name and k[1] < gen - 1]:
+                    del self.barriers[old]
+                self.cond.notify_all()
+                self._wait(
+                    lambda: self._barrier_over(name, gen),
+                    deadline,
+                    f"all {self.trainers} trainers at barrier {name or 'step'} {gen}",
+                )
+                self.barrier_done[name] = max(gen, self.barrier_done.get(name, 0))
         return Message({})
+
+    def _barrier_over(self, name: str, gen: int) -> bool:
+        """Barrier ``gen`` completed, every trainer still in the job reached it, or one is
+        past it."""
+        return (
+            gen <= self.barrier_done.get(name, 0)
+            or self.present() <= self.barriers.get((name, gen), set())
+            or any(n == name and g > gen for n, g in self.barriers)
+        )
 
     def missing(self, meta: dict[str, Any]) -> list[int]:
         """The trainers this server still lacks for what a stalled call waits on: their pushes
         of the blocks ``keys`` / sync ``tables`` below ``version``, or their arrival at
         ``barrier`` = [name, generation]."""
         with self.cond:
-            everyone = set(range(self.trainers))
             barrier = meta.get("barrier")
             if barrier is not None:
                 if not (isinstance(barrier, list) and len(barrier) == 2):
                     raise RequestError("'barrier' must be [name, generation]")
                 name, gen = str(barrier[0]), meta_int({"g": barrier[1]}, "g", 0)
-                if any(n == name and g > gen for n, g in self.barriers):
-                    return []  # that barrier is over
+                if self._barrier_over(name, gen):
+                    return []
+                everyone = self.present() & set(range(self.trainers))
                 return sorted(everyone - self.barriers.get((name, gen), set()))
             version = meta_int(meta, "version", 0)
             lacking: set[int] = set()
             for key in meta_list(meta, "keys"):
                 block = self.blocks.get(key) if isinstance(key, str) else None
                 if block is not None and block.sync and block.version < version:
-                    lacking |= everyone - set(block.pending)
+                    lacking |= self._expected(block.version) - set(block.pending)
             for name in meta_list(meta, "tables"):
                 table = self.tables.get(name) if isinstance(name, str) else None
                 if table is not None and table.sync and table.version < version:
-                    lacking |= everyone - set(table.pending)
+                    lacking |= self._expected(table.version) - set(table.pending)
             return sorted(lacking)
+
+    # ---- trainer liveness -------------------------------------------------------------------
+    def present(self) -> set[int]:
+        """The trainers barriers wait for: all but those dropped and not rejoined."""
+        return {t for t in range(max(self.trainers, 1)) if self.back_at.get(t, 0) != GONE}
+
+    def _expected(self, step: int) -> set[int]:
+        """The trainers whose pushes sync step ``step`` waits for."""
+        return {t for t in range(self.trainers) if self.back_at.get(t, 0) <= step}
+
+    def _touch(self, trainer: Any) -> None:
+        """A sign of life of ``trainer`` (ignored unless a trainer index of this job)."""
+        if isinstance(trainer, int) and 0 <= trainer < self.trainers:
+            self.last_seen[trainer] = self.clock()
+
+    @contextlib.contextmanager
+    def _calling(self, trainer: int | None) -> Iterator[None]:
+        """``trainer`` has a call in progress (under the lock; it is not silent meanwhile)."""
+        if trainer is None or not 0 <= trainer < self.trainers:
+            yield
+            return
+        self._touch(trainer)
+        self.busy[trainer] = self.busy.get(trainer, 0) + 1
+        try:
+            yield
+        finally:
+            self.busy[trainer] -= 1
+            self._touch(trainer)
+
+    def _refuse_if_dropped(self, trainer: int, step: int) -> None:
+        """Raise ``Dropped`` for a sync push of ``step`` the servers no longer expect from
+        ``trainer`` (dropped, and not rejoined for that step)."""
+        back = self.back_at.get(trainer, 0)
+        if back <= step:
+            return
+        state = "has not rejoined" if back == GONE else f"rejoined from step {int(back)}"
+        text = (
+            f"server {self.index}: trainer {trainer}'s push of step {step} is refused (not "
+            f"applied): the trainer {DROPPED} at step {self.dropped_at.get(trainer, step)} "
+            f"after {TRAINER_TIMEOUT_ENV}={self.trainer_timeout:g} s of silence and {state}"
+        )
+        if (trainer, step) not in self._refusals:
+            self._refusals.add((trainer, step))
+            log.warning("%s", text)
+        raise Dropped(f"{text}; its engine rejoins by itself (PSEngine.rejoin)")
+
+    def _lacking(self) -> dict[int, str]:
+        """The trainers something waits for (a sync step with pushes of others, a barrier with
+        arrivals), each with the first such thing."""
+        out: dict[int, str] = {}
+        expected: dict[int, set[int]] = {}  # per step
+        holders: list[DenseBlock | Table] = [*self.blocks.values(), *self.tables.values()]
+        for h in holders:
+            if h.sync and h.pending:
+                if h.version not in expected:
+                    expected[h.version] = self._expected(h.version)
+                for t in sorted(expected[h.version] - h.pending.keys()):
+                    out.setdefault(t, f"step {h.version}")
+        for (name, gen), arrived in sorted(self.barriers.items()):
+            if arrived and not self._barrier_over(name, gen):
+                for t in sorted(self.present() - arrived):
+                    out.setdefault(t, f"barrier {name or 'step'} {gen}")
+        return out
+
+    def drop_silent(self) -> list[int]:
+        """Drop every trainer something waits for that has been silent (no call in progress,
+        none ended) for ``trainer_timeout`` seconds; the trainers dropped (the server calls
+        this every fraction of the timeout)."""
+        with self.cond:
+            now, dropped = self.clock(), []
+            for t, what in self._lacking().items():
+                seen = self.last_seen.get(t)
+                if seen is None or self.busy.get(t) or now - seen < self.trainer_timeout:
+                    continue  # never seen (still starting), in a call, or not silent long enough
+                self.back_at[t] = GONE
+                self.dropped_at[t] = self.version()
+                discarded = self._discard(t)
+                dropped.append(t)
+                last = self.last_step.get(t)
+                log.warning(
+                    "server %d: dropped trainer %d: silent for %.1f s (longer than %s=%g s) "
+                    "while %s waited for it; its last step: %s%s. The sync steps and barriers "
+                    "go on with trainers %s until it rejoins",
+                    self.index,
+                    t,
+                    now - seen,
+                    TRAINER_TIMEOUT_ENV,
+                    self.trainer_timeout,
+                    what,
+                    "none" if last is None else last,
+                    f" ({discarded} pushes of unfinished steps discarded)" if discarded else "",
+                    sorted(self.present()),
+                )
+            if dropped:
+                self._settle()
+            return dropped
+
+    def _discard(self, trainer: int) -> int:
+        """Forget ``trainer``'s pushes of unfinished sync steps; how many there were."""
+        n = 0
+        for block in self.blocks.values():
+            if block.pending.pop(trainer, None) is not None:
+                n += 1
+                if not block.pending:
+                    block.round_lr = None
+                elif block.round_lr is not None and block.round_lr[0] == trainer:
+                    block.round_lr = (min(block.pending), block.round_lr[1])
+        for table in self.tables.values():
+            n += table.pending.pop(trainer, None) is not None
+        return n
+
+    def _settle(self) -> None:
+        """Complete the steps every expected trainer has pushed; wake the waiting calls."""
+        for block in self.blocks.values():
+            if block.sync:
+                self._settle_block(block)
+        for table in self.tables.values():
+            if table.sync:
+                self._settle_table(table)
+        self.cond.notify_all()
+
+    def join(self, msg: Message) -> Message:
+        """Trainer ``trainer`` (again) takes part from sync step ``step`` on, or from the
+        latest step this server has begun if that is later (the reply's ``step``: the trainer
+        asks again with the highest reply). Its pushes of unfinished steps (from an earlier
+        process) are discarded. ``rejoined``: it had joined before; ``barrier``: the latest
+        completed generation of the engine's barrier."""
+        trainer, step = meta_int(msg.meta, "trainer", 0), meta_int(msg.meta, "step", 0)
+        with self.cond:
+            if not 0 <= trainer < self.trainers:
+                raise RequestError(f"join: trainer {trainer} is out of range ({self.trainers})")
+            again = trainer in self.joined or trainer in self.back_at
+            versions = [b.version for b in self.blocks.values() if b.sync]
+            versions += [t.version for t in self.tables.values() if t.sync]
+            start = max([step, *versions])
+            discarded = self._discard(trainer)
+            self.back_at[trainer] = start
+            self.joined.add(trainer)
+            self._touch(trainer)
+            self._settle()
+            if again:
+                log.info(
+                    "server %d: trainer %d rejoins; expected again from step %d%s",
+                    self.index,
+                    trainer,
+                    start,
+                    f" ({discarded} pushes of an earlier process discarded)" if discarded else "",
+                )
+            return Message(
+                {"step": start, "rejoined": again, "barrier": self.barrier_done.get("", 0)}
+            )
 
     def _wait(self, ready: Callable[[], bool], deadline: float, what: str) -> None:
         while not ready():
@@ -424,6 +632,8 @@ class ServerState:
             self.blocks.update({k: load_block(s) for k, s in state["blocks"].items()})
             self.tables.update({n: load_table(s) for n, s in state["tables"].items()})
             self.barriers.clear()
+            self.back_at.clear()  # a rolled-back job waits for every trainer again
+            self.barrier_done.clear()
             self.cond.notify_all()
 
     def version(self) -> int:
