@@ -47,6 +47,14 @@ def gathered_batches(indices: list[int]) -> list[list[int]]:
     return [[int(i) for i in t if i >= 0] for t in out]
 
 
+def maybe_hang(commits: int) -> None:
+    """PROBE_HANG="GROUP_RANK@COMMIT": that node's rank stops answering (its process lives)."""
+    node, _, at = os.environ.get("PROBE_HANG", "-1@0").partition("@")
+    if commits == int(at) and int(os.environ["GROUP_RANK"]) == int(node) and lb.rank() != 0:
+        print(f"probe: node {node} hangs at commit {commits}", flush=True)
+        time.sleep(3600)
+
+
 def maybe_die(commits: int) -> None:
     spec = os.environ.get("PROBE_DIE")
     if not spec:
@@ -102,6 +110,7 @@ def main() -> None:
                 state.commit()
                 wait_for_world(state)
                 maybe_die(state.commits)
+                maybe_hang(state.commits)
             state.epoch = epoch + 1
 
     train(state)

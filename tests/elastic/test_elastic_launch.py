@@ -69,3 +69,25 @@ def test_a_node_that_joins_gets_the_state_and_the_next_steps_use_it(tmp_path):
     worlds = [w for w, _ in out["history"]]
     assert worlds[:5] == [2] * 5 and set(worlds[5:]) == {3}, worlds
     _check_against_replay(out)
+
+
+def test_a_hung_rank_is_left_behind_and_killed(tmp_path):
+    out_file = tmp_path / "out.json"
+    with local_cluster(
+        tmp_path,
+        "2:3",
+        PROBE_OUT=out_file,
+        PROBE_SLEEP=0.05,
+        PROBE_HANG="2@4",
+        PROBE_SAMPLES=SAMPLES,
+        LONGBOAT_TIMEOUT=4,
+    ) as cluster:
+        for _ in range(3):
+            cluster.start()
+        ends = cluster.wait(timeout=150)
+    assert sorted(code for code, _ in ends) == [0, 0, 1], ends
+    hung = next(text for code, text in ends if code == 1)
+    assert "did not join round" in hung and "killed" in hung, hung[-2000:]
+    out = json.loads(out_file.read_text())
+    assert [w for w, _ in out["history"]][-1] == 2
+    _check_against_replay(out)

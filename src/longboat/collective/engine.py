@@ -37,6 +37,7 @@ from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.compress import make_compressor
 from longboat.comm.groups import make_communicators
 from longboat.comm.serial import SerialAllreduce
+from longboat.elastic import world as elastic_world
 from longboat.log import get_logger
 from longboat.optim import wrap_optimizer
 from longboat.registry import Entry
@@ -96,7 +97,8 @@ def join_world(model: nn.Module, strategy: Strategy) -> Comm:
     it meets a rank joining for the first time in the same collectives."""
     _verify_ranks(model, strategy)
     comm = build_comm(strategy)
-    _broadcast_initial_state(model, strategy, comm)
+    if not (elastic_world.is_elastic() and elastic_world.any_survivor()):
+        _broadcast_initial_state(model, strategy, comm)  # else State.sync brings the state
     return comm
 
 

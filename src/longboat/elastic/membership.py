@@ -110,6 +110,23 @@ def regroup_requests(directory: Path, token: str) -> list[str]:
     return reasons
 
 
+def write_ack(directory: Path, local_rank: int, token: str) -> None:
+    """This rank formed its process group in round ``token``."""
+    _write_whole(directory / f"ack-{local_rank}", token)
+
+
+def acknowledged(directory: Path, token: str) -> set[int]:
+    """Local ranks of this node that formed their process group in round ``token``."""
+    done = set()
+    for path in directory.glob("ack-*"):
+        try:
+            if path.read_text() == token:
+                done.add(int(path.name.partition("-")[2]))
+        except (OSError, ValueError):
+            continue
+    return done
+
+
 def write_commits(directory: Path, local_rank: int, commits: int) -> None:
     """Record this rank's committed step count (read by ``longboat emulate``)."""
     _write_whole(directory / f"commits-{local_rank}", str(int(commits)))

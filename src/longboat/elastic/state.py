@@ -32,6 +32,7 @@ _OWN = frozenset(
         "_checkpoint",
         "_every",
         "_recovering",
+        "_has_state",
     }
 )
 
@@ -117,6 +118,7 @@ class State:
         self._checkpoint = Path(checkpoint) if checkpoint is not None else None
         self._every = checkpoint_every
         self._recovering: float | None = None
+        self._has_state = False  # until the first sync: a rank that joins late has none
         _check_model(model)
         self.save()
 
@@ -193,11 +195,13 @@ class State:
             self._reshard()
             return 0
         counts = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
-        dist.all_gather(counts, torch.tensor([self.commits]))
+        mine = self.commits if self._has_state else -1  # a newcomer has nothing to give
+        dist.all_gather(counts, torch.tensor([mine]))
         values = [int(c.item()) for c in counts]
         source = values.index(max(values))
         if len(set(values)) > 1:
             self._receive(self._broadcast_payload(source), source)
+        self._has_state = True
         self._reshard()
         return source
 
@@ -281,6 +285,7 @@ class State:
         if self._checkpoint is None or not self._checkpoint.exists():
             return False
         self._load(torch.load(self._checkpoint, weights_only=True))
+        self._has_state = True
         self.save()
         return True
 

@@ -19,19 +19,35 @@ from longboat.elastic.membership import (
     elastic_dir,
     read_membership,
     request_regroup,
+    write_ack,
     write_commits,
 )
 from longboat.log import get_logger
 
 _log = get_logger("longboat.elastic")
 _POLL_S = 0.05
-#: A new round whose process group cannot form (a member hung or died meanwhile) is retried.
-_JOIN_ATTEMPTS = 5
 
 
 class MembershipChanged(Exception):
     """Raised by ``State.commit`` when a node joined or left: every rank leaves at the same
     commit and ``lb.elastic.run`` moves the job to the new round."""
+
+
+_survivor = False  # this process went through a membership change with its state
+
+
+def survivor() -> bool:
+    """True once this rank moved to a new round keeping its state (not a newcomer)."""
+    return _survivor
+
+
+def any_survivor() -> bool:
+    """Collective: does any rank of the current world carry state from an earlier round?
+    (Then ``State.sync`` hands the state to everyone and broadcasting rank 0's fresh
+    parameters first would only cost time.)"""
+    flag = torch.tensor([int(_survivor)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def is_elastic() -> bool:
@@ -83,13 +99,17 @@ def regroup(reason: str, lost_peer: bool, strategy: object = None) -> Membership
     old_token = old.token if old is not None else ""
     local_rank = cluster.local_rank()
     _leave()
-    for _attempt in range(_JOIN_ATTEMPTS):
+    give_up = time.monotonic() + _launch_timeout()
+    while time.monotonic() < give_up:
         published = read_membership(directory)
         if lost_peer and (published is None or published.token == old_token):
             request_regroup(directory, local_rank, old_token, reason)
         membership = _wait_for_round(directory, old_token)
+        write_ack(directory, local_rank, membership.token)  # alive and following: not hung
         try:
             cluster.init(strategy)
+            global _survivor
+            _survivor = True
             return membership
         except ClusterError as exc:  # a member died or hung meanwhile
             _log.warning(
@@ -97,7 +117,12 @@ def regroup(reason: str, lost_peer: bool, strategy: object = None) -> Membership
             )
             _leave()
             old_token, lost_peer, reason = membership.token, True, describe(exc)
-    raise ElasticError(f"no round formed in {_JOIN_ATTEMPTS} attempts; last: {reason}")
+    raise ElasticError(f"no round formed within {_launch_timeout():.0f} s; last: {reason}")
+
+
+def _launch_timeout() -> float:
+    """How long joining a round may take in all (the launcher's --timeout)."""
+    return float(os.environ.get("LONGBOAT_LAUNCH_TIMEOUT", "300"))
 
 
 def _leave() -> None:
@@ -109,7 +134,7 @@ def _leave() -> None:
 
 
 def _wait_for_round(directory: Path, old_token: str) -> Membership:
-    timeout = float(os.environ.get("LONGBOAT_LAUNCH_TIMEOUT", "300"))
+    timeout = _launch_timeout()
     deadline = time.monotonic() + timeout
     while True:
         membership = read_membership(directory)

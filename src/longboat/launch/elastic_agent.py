@@ -13,7 +13,9 @@ allows; without restarts left the node leaves and the others go on.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -28,7 +30,12 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerState,
 )
 
-from longboat.elastic.membership import Membership, regroup_requests, write_membership
+from longboat.elastic.membership import (
+    Membership,
+    acknowledged,
+    regroup_requests,
+    write_membership,
+)
 from longboat.launch.supervisor import WatchedAgent
 
 _TOKEN_KEY = "longboat/round-token"
@@ -54,6 +61,7 @@ class ElasticAgent(WatchedAgent):
         store_endpoint: str,
         node_address: str,
         on_change: Callable[[MembershipChange], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -61,9 +69,16 @@ class ElasticAgent(WatchedAgent):
         self._endpoint = store_endpoint
         self._address = node_address
         self._on_change = on_change
+        self._on_note = on_note
+        self._ack_deadline: float | None = None
         self._membership: Membership | None = None
         self._reason = "start"
         self._round: int | None = None
+
+    @staticmethod
+    def _ack_timeout() -> float:
+        """Twice the ranks' failure timeout: a rank mid-step reaches its next commit first."""
+        return 2 * float(os.environ.get("LONGBOAT_TIMEOUT") or 30)
 
     @property
     def membership(self) -> Membership | None:
@@ -120,9 +135,33 @@ class ElasticAgent(WatchedAgent):
                 self._stop_workers(group)
                 group.state = WorkerState.FAILED
                 return result
+            self._stop_ranks_that_did_not_follow(group)
             reason = self._regroup_reason(spec.rdzv_handler)
             if reason:
                 self._regroup(group, reason)
+
+    def _stop_ranks_that_did_not_follow(self, group: WorkerGroup) -> None:
+        """A rank that has not taken up a new round within twice the failure timeout after it
+        was published is hung (it would stall every round): kill it, so that it fails and is
+        restarted or its node leaves."""
+        if self._ack_deadline is None or self._membership is None:
+            return
+        missing = set(self._membership.ranks) - acknowledged(self._dir, self._membership.token)
+        if not missing:
+            self._ack_deadline = None
+        elif time.monotonic() > self._ack_deadline:
+            self._ack_deadline = None
+            for worker in group.workers:
+                if worker.local_rank in missing and worker.id is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(worker.id), signal.SIGKILL)
+            if self._on_note is not None:
+                ranks = sorted(self._membership.ranks[r] for r in missing)
+                self._on_note(
+                    f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} did not "
+                    f"join round {self._membership.token} within {self._ack_timeout():.0f} s "
+                    "(hung?): killed"
+                )
 
     def _regroup_reason(self, handler: Any) -> str:
         """Why a new round is due now ('' when none is)."""
@@ -152,6 +191,8 @@ class ElasticAgent(WatchedAgent):
         for worker in group.workers:
             worker.id = pids[worker.local_rank]  # the same processes, with their new ranks
         self._watch_workers(group, pids)
+        if self._ack_deadline is None:  # a rank still missing keeps its first deadline
+            self._ack_deadline = time.monotonic() + self._ack_timeout()
         if self._on_change is not None and self._membership is not None:
             self._on_change(MembershipChange(self._membership, old_world, time.monotonic() - began))
 

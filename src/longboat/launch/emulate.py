@@ -33,6 +33,7 @@ from rich.table import Table
 from longboat.launch import faults, netns
 from longboat.launch.faults import Fault, FaultPlan
 from longboat.launch.netns import Node, Plan
+from longboat.launch.runner import elastic_rdzv_configs
 from longboat.log import get_logger
 
 __all__ = ["EmulateError", "add_arguments", "cleanup_stale", "launcher_command", "run"]
@@ -40,6 +41,8 @@ __all__ = ["EmulateError", "add_arguments", "cleanup_stale", "launcher_command",
 cleanup_stale = netns.cleanup_stale
 
 DEFAULT_PORT = 29500
+#: ``--launcher torchrun`` in elastic runs: restarts torchrun may spend on lost nodes.
+TORCHRUN_MAX_RESTARTS = 3
 #: After a failure or signal, launchers get this long to stop their ranks before SIGKILL.
 STOP_GRACE_S = 5.0
 _POLL_S = 0.1
@@ -391,8 +394,12 @@ def _node_count(plan: Plan, node: Node, args: argparse.Namespace) -> list[str]:
 def torchrun_command(plan: Plan, node: Node, args: argparse.Namespace, master: str) -> list[str]:
     """The same node started by plain torchrun (``--launcher torchrun``), for comparison."""
     host, port = master.rsplit(":", 1)
-    if plan.bridge_address is not None:
-        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", master, "--rdzv-id", plan.prefix]
+    if plan.bridge_address is not None:  # elastic: torchrun's own restarts, our rendezvous pace
+        conf = ",".join(f"{k}={v}" for k, v in elastic_rdzv_configs(300).items())
+        rendezvous = [
+            *("--rdzv-backend", "c10d", "--rdzv-endpoint", master, "--rdzv-id", plan.prefix),
+            *("--rdzv-conf", conf, "--max-restarts", str(TORCHRUN_MAX_RESTARTS)),
+        ]
     else:
         rendezvous = ["--master-addr", host, "--master-port", port]
     return [

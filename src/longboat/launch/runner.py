@@ -171,7 +171,7 @@ def _config(spec: LaunchSpec, master: str, run_id: str) -> LaunchConfig:
         # need torch's c10d rendezvous, whose rounds admit and drop nodes
         rdzv_backend="c10d" if spec.elastic else "static",
         rdzv_endpoint=master,
-        rdzv_configs=_elastic_rdzv_configs(spec)
+        rdzv_configs=elastic_rdzv_configs(spec.timeout)
         if spec.elastic
         else {"rank": spec.node_rank, "timeout": spec.timeout},
         max_restarts=spec.max_restarts,
@@ -190,10 +190,10 @@ _KEEP_ALIVE_ATTEMPTS = 3
 _LAST_CALL_S = 1
 
 
-def _elastic_rdzv_configs(spec: LaunchSpec) -> dict[str, object]:
+def elastic_rdzv_configs(join_timeout: float) -> dict[str, object]:
     """c10d rendezvous settings: lost nodes noticed in seconds, rounds closed quickly."""
     return {
-        "join_timeout": spec.timeout,
+        "join_timeout": int(join_timeout),
         "last_call_timeout": _LAST_CALL_S,
         "keep_alive_interval": _KEEP_ALIVE_S,
         "keep_alive_max_attempt": _KEEP_ALIVE_ATTEMPTS,
@@ -215,6 +215,7 @@ def _elastic_agent(spec: LaunchSpec, master: str, my_ip: str, console: Console) 
         "store_endpoint": master,
         "node_address": f"{my_ip}[{os.getpid()}]",  # the launcher's address and pid
         "on_change": on_change,
+        "on_note": lambda text: console.print(f"longboat launch: {text}", markup=False),
     }
 
 
@@ -264,7 +265,9 @@ def _rank_env(spec: LaunchSpec, my_ip: str, ports: list[int]) -> dict[str, str]:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     else:
         env["LONGBOAT_NNODES"] = str(spec.nnodes)
-    timeout = spec.failure_timeout or (_ELASTIC_FAILURE_TIMEOUT_S if spec.elastic else None)
+    timeout = spec.failure_timeout
+    if timeout is None and spec.elastic and not os.environ.get("LONGBOAT_TIMEOUT"):
+        timeout = _ELASTIC_FAILURE_TIMEOUT_S
     if timeout is not None:
         env["LONGBOAT_TIMEOUT"] = f"{timeout:g}"
     if spec.nnodes == 1 and not spec.elastic:  # every endpoint is here: no exchange needed

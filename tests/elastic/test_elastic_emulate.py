@@ -1,0 +1,56 @@
+"""Elastic training across emulated nodes (network namespaces on one bridge, 1 Gbit links):
+3 nodes with one rank each, node 2 killed mid-epoch by `longboat emulate --kill-node`;
+training finishes on 2 and equals a single-process replay of the committed global batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from longboat.launch import netns
+from tests.elastic._cluster import PROBE
+from tests.elastic.test_elastic_launch import SAMPLES, _check_against_replay
+from tests.launch.test_emulate import _leftovers, needs_netns, run_id  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@needs_netns
+def test_three_emulated_nodes_lose_one_and_finish_on_two(run_id: str, tmp_path: Path) -> None:  # noqa: F811
+    out = tmp_path / "out.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "longboat",
+        "emulate",
+        "--nodes",
+        "3",
+        "--min-nodes",
+        "2",
+        "--kill-node",
+        "2@step=4",
+        "--run-id",
+        run_id,
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--timeout",
+        "120",
+        str(PROBE),
+    ]
+    env = dict(os.environ, PROBE_OUT=str(out), PROBE_SLEEP="0.1", PROBE_SAMPLES=str(SAMPLES))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=140, env=env)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-4000:]
+    assert "killed node 2" in text, text[-4000:]
+    assert "membership changed" in text and "world size 3 -> 2" in text, text[-4000:]
+    result = json.loads(out.read_text())
+    worlds = [w for w, _ in result["history"]]
+    assert worlds[0] == 3 and worlds[-1] == 2, worlds
+    _check_against_replay(result)
+    assert _leftovers(run_id) == []
+    assert not netns.leftovers(f"{netns.PREFIX}{run_id}")
