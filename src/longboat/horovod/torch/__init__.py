@@ -9,9 +9,11 @@
 
 Collectives are negotiated by name on a background thread (negotiation.py); the
 DistributedOptimizer rides on the core reducer (fusion, overlap, communicators, fp16). See
-docs/horovod.md for what maps to what and what is not supported.
+docs/horovod.md for what maps to what and what is not supported. ``hvd.elastic`` is Horovod's
+elastic API on ``lb.elastic`` (elastic.py).
 """
 
+from longboat.horovod.torch import elastic
 from longboat.horovod.torch.basics import (
     ccl_built,
     controller,
@@ -119,6 +121,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",

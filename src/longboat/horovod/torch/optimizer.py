@@ -13,6 +13,9 @@ reduces the accumulated sum. ``step()`` (unless inside ``skip_synchronize()``) f
 ``synchronize()``, which, after fewer than k passes, reduces what has accumulated so far (as
 Horovod does). ``gradient_predivide_factor`` is accepted: the core always divides by the world
 size before summing, the overflow-safe end of Horovod's range, with the same average.
+
+``optimizer.rebuild()`` moves the averaging to the current process group after an elastic
+membership change (``hvd.elastic.run`` calls it for every live DistributedOptimizer).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import contextlib
 import functools
 import json
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -46,6 +50,7 @@ _ZERO_GRAD_RACE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
     "optimizer.synchronize(). This is prohibited as it can cause a race condition."
 )
+_live: list[weakref.ref] = []  # every DistributedOptimizer made in this process, in order
 
 
 class _DistributedOptimizer:
@@ -59,6 +64,10 @@ class _DistributedOptimizer:
     _hvd_divisor: float
     _hvd_should_sync: bool
     _hvd_synchronized: bool
+    _hvd_named: list[tuple[str, nn.Parameter]]
+    _hvd_strategy: Strategy
+    _hvd_plan: BucketPlan | None
+    _hvd_average: bool
     backward_passes_per_step: int
 
     def _hvd_hook(self, name: str, sparse_as_dense: bool, param: torch.Tensor) -> None:
@@ -100,6 +109,29 @@ class _DistributedOptimizer:
             yield
         finally:
             self._hvd_should_sync = True
+
+    def rebuild(self) -> None:
+        """Average over the current process group from now on (elastic training).
+
+        Collective, after a new world formed (every rank, live optimizers in creation order):
+        the same collectives as building a DistributedOptimizer, so a rank that joined late
+        meets them in its own ``hvd.DistributedOptimizer(...)``. The old reducer's gradient
+        hooks are removed, the divisor follows the new ``hvd.size()`` and a half-done
+        accumulation is dropped (the state is restored or synced after this).
+        """
+        self._hvd_reducer.remove_hooks()
+        _check_same_everywhere(self._hvd_named)
+        reducer, compressors = build_reducer(
+            self._hvd_named,
+            self._hvd_strategy,
+            self,  # type: ignore[arg-type]
+            self._hvd_plan,
+        )
+        self._hvd_reducer, self._hvd_compressors = reducer, compressors
+        self._hvd_divisor = float(basics.size() if self._hvd_average else 1)
+        self._hvd_passes = 0
+        self._hvd_in_pass = False
+        self._hvd_synchronized = False
 
     def step(self, closure: Any = None) -> Any:
         if self._hvd_should_sync:
@@ -185,7 +217,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         for hook in hooks:
             hook.remove()
         raise
-    return extend(
+    extended = extend(
         optimizer,
         _DistributedOptimizer,
         "",  # the user's class name, as Horovod's wrapper class keeps it
@@ -198,7 +230,19 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         _hvd_hooks=hooks,
         _hvd_reducer=reducer,
         _hvd_compressors=compressors,
+        _hvd_named=named,
+        _hvd_strategy=strategy,
+        _hvd_plan=plan,
+        _hvd_average=op == Average,
     )
+    _live[:] = [ref for ref in _live if ref() is not None]
+    _live.append(weakref.ref(extended))
+    return extended
+
+
+def live_optimizers() -> list[torch.optim.Optimizer]:
+    """The DistributedOptimizers of this process still in use, in the order they were made."""
+    return [opt for opt in (ref() for ref in _live) if opt is not None]
 
 
 def _on_grad(optimizer: Any, name: str, sparse_as_dense: bool, param: torch.Tensor) -> None:
