@@ -21,6 +21,10 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
         ["--epochs", "3", "--checkpoint", "{tmp}/ck.pt"],
     ),
     "horovod_mnist_style.py": ([*LAUNCH, "-np", "2", "-H", "localhost:2"], ["--epochs", "3"]),
+    "elastic_train.py": (
+        [*LAUNCH, "--nproc-per-node", "2"],
+        ["--epochs", "3", "--checkpoint", "{tmp}/ck.pt"],
+    ),
     "fleet_collective.py": (
         [*LAUNCH, "--nproc-per-node", "2"],
         ["--steps", "10", "--hid-dim", "64", "--model-path", "{tmp}/model"],
@@ -98,3 +102,13 @@ def test_kvstore_on_servers_equals_one_local_process(tmp_path):
     dist, single = (torch.load(tmp_path / f, weights_only=True) for f in ("dist.pt", "local.pt"))
     for key, value in single.items():
         torch.testing.assert_close(dist[key], value, rtol=1e-5, atol=1e-5)
+
+
+def test_elastic_example_trains_and_resumes_from_its_checkpoint(tmp_path):
+    command, args = RUNS["elastic_train.py"]
+    out = _run(tmp_path, command, "elastic_train.py", args)
+    accuracy = [float(a) for a in re.findall(r"accuracy ([0-9.]+)", out)]
+    assert len(accuracy) == 3 and accuracy[-1] > 0.7, out[-2000:]
+    more = ["--epochs", "4", "--checkpoint", "{tmp}/ck.pt"]
+    out = _run(tmp_path, command, "elastic_train.py", more)
+    assert "resumed from" in out and "at epoch 3" in out, out[-2000:]
