@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 - the usual name
 
+import longboat as lb
 import longboat.horovod.torch as hvd
 from longboat.elastic import world
 from longboat.elastic.failures import is_peer_failure
@@ -30,6 +31,7 @@ def horovod():
     hvd.init()
     yield hvd
     hvd.shutdown()
+    lb.shutdown()  # the process group too: later tests read the cluster from the environment
 
 
 def _setup(horovod, lr: float = 0.1):
