@@ -399,6 +399,7 @@ def torchrun_command(plan: Plan, node: Node, args: argparse.Namespace, master: s
         rendezvous = [
             *("--rdzv-backend", "c10d", "--rdzv-endpoint", master, "--rdzv-id", plan.prefix),
             *("--rdzv-conf", conf, "--max-restarts", str(TORCHRUN_MAX_RESTARTS)),
+            *("--local-addr", node.address),  # else the ranks meet on "localhost"
         ]
     else:
         rendezvous = ["--master-addr", host, "--master-port", port]
