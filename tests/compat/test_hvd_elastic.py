@@ -22,6 +22,7 @@ from longboat.elastic import world
 from longboat.elastic.failures import is_peer_failure
 from tests.compat import hvd_elastic_probe as probe
 from tests.elastic import _cluster
+from tests.elastic._replay import replay_steps
 
 SAMPLES = 96
 
@@ -203,23 +204,11 @@ def test_sampler_maps_horovods_record_calls():
 
 
 def _replay(history: list, samples: int) -> list[list[float]]:
-    """The probe's training on exactly the recorded global batches, in one process: each step
-    averages the per-rank mean-loss gradients over that step's ranks."""
-    dataset = probe.data(samples)
+    """The probe's training on exactly the recorded global batches, in one process."""
     net = probe.model(seed=0)  # rank 0's model, broadcast to all
     optimizer = torch.optim.SGD(net.parameters(), lr=probe.LR, momentum=0.9)
-    _, xs, ys = dataset.tensors
-    for _world, batches in history:
-        grads = [torch.zeros_like(p) for p in net.parameters()]
-        for indices in batches:
-            net.zero_grad()
-            F.mse_loss(net(xs[indices]), ys[indices]).backward()
-            for g, p in zip(grads, net.parameters(), strict=True):
-                g += p.grad / len(batches)
-        for g, p in zip(grads, net.parameters(), strict=True):
-            p.grad = g
-        optimizer.step()
-    return [p.detach().flatten().tolist() for p in net.parameters()]
+    _, xs, ys = probe.data(samples).tensors
+    return replay_steps(net, optimizer, xs, ys, history)
 
 
 def _check_ranks(root: Path, size: int) -> list:
