@@ -8,7 +8,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,7 +16,13 @@ import torch.distributed as dist
 from longboat.cluster.env import discover
 from longboat.cluster.info import ClusterError, ClusterInfo
 from longboat.cluster.topology import Topology, gather_topology, node_key
-from longboat.elastic.membership import connect_store, elastic_dir, read_membership, write_ack
+from longboat.elastic.membership import (
+    connect_store,
+    elastic_dir,
+    read_membership,
+    require_elastic_dir,
+    write_ack,
+)
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -125,12 +130,6 @@ def _make_store(info: ClusterInfo, timeout: timedelta) -> dist.Store:
             f"({info.source} launch): {exc}. Check MASTER_ADDR/MASTER_PORT and that every rank "
             "was started; raise LONGBOAT_TIMEOUT if ranks start slowly"
         ) from exc
-
-
-def _elastic_directory() -> Path:
-    directory = elastic_dir()
-    assert directory is not None  # only called for ranks of an elastic job
-    return directory
 
 
 def _in_elastic_round(found: ClusterInfo) -> ClusterInfo:
@@ -262,7 +261,7 @@ def init(
         store = _start_group(found, name, wait)
         owns = True
         if found.elastic_round is not None:  # tell the launcher this rank made it
-            write_ack(_elastic_directory(), found.local_rank, found.elastic_round.token)
+            write_ack(require_elastic_dir(), found.local_rank, found.elastic_round.token)
         # a script that exits (sys.exit, end of file) without shutdown() would otherwise
         # abort in the process group's destructor and report SIGABRT instead of its exit code
         atexit.unregister(shutdown)

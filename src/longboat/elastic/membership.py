@@ -67,6 +67,14 @@ def elastic_dir(env: dict[str, str] | None = None) -> Path | None:
     return Path(raw) if raw else None
 
 
+def require_elastic_dir() -> Path:
+    """This node's elastic directory; ElasticError outside an elastic job."""
+    directory = elastic_dir()
+    if directory is None:
+        raise ElasticError("not an elastic job: start it with longboat launch --nnodes MIN:MAX")
+    return directory
+
+
 def _write_whole(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)

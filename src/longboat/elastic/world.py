@@ -19,6 +19,7 @@ from longboat.elastic.membership import (
     elastic_dir,
     read_membership,
     request_regroup,
+    require_elastic_dir,
     write_ack,
     write_commits,
 )
@@ -55,13 +56,6 @@ def is_elastic() -> bool:
     return elastic_dir() is not None
 
 
-def _directory() -> Path:
-    directory = elastic_dir()
-    if directory is None:
-        raise ElasticError("not an elastic job: start it with longboat launch --nnodes MIN:MAX")
-    return directory
-
-
 def joined_round() -> Membership | None:
     """The round this rank's process group belongs to (None before init or outside elastic)."""
     if not cluster.is_initialized():
@@ -75,7 +69,7 @@ def change_pending() -> bool:
     mine = joined_round()
     if mine is None or not dist.is_initialized():
         return False
-    published = read_membership(_directory())
+    published = read_membership(require_elastic_dir())
     flag = torch.tensor([int(published is not None and published.token != mine.token)])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
@@ -94,7 +88,7 @@ def regroup(reason: str, lost_peer: bool, strategy: object = None) -> Membership
     ``lost_peer``: this rank saw a peer fail, so it asks its launcher for a new round unless
     one was already published. Waits are bounded by the launch timeout.
     """
-    directory = _directory()
+    directory = require_elastic_dir()
     old = joined_round()
     old_token = old.token if old is not None else ""
     local_rank = cluster.local_rank()
