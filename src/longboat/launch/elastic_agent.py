@@ -36,6 +36,8 @@ from longboat.elastic.membership import (
     regroup_requests,
     write_membership,
 )
+from longboat.launch.rendezvous import STORE_READ_TIMEOUT_S, lost_participants, synced_round
+from longboat.launch.store_watchdog import StoreWatchdog
 from longboat.launch.supervisor import WatchedAgent
 
 _TOKEN_KEY = "longboat/round-token"
@@ -74,6 +76,7 @@ class ElasticAgent(WatchedAgent):
         self._membership: Membership | None = None
         self._reason = "start"
         self._round: int | None = None
+        self._store_watch = StoreWatchdog(2 * STORE_READ_TIMEOUT_S, self._lost_store)
 
     @staticmethod
     def _ack_timeout() -> float:
@@ -87,18 +90,19 @@ class ElasticAgent(WatchedAgent):
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         super()._rendezvous(worker_group)
-        self._round = _round_of(worker_group.spec.rdzv_handler)
+        self._round = synced_round(worker_group.spec.rdzv_handler)
         self._publish(worker_group)
 
     def _publish(self, worker_group: WorkerGroup) -> None:
         """Share a token and the nodes' addresses in the round's store; write membership."""
         store = worker_group.store
         rank, size = worker_group.group_rank, worker_group.group_world_size
-        store.set(f"{_NODE_KEY}{rank}", self._address)
-        if rank == 0:
-            store.set(_TOKEN_KEY, uuid.uuid4().hex[:12])
-        token = store.get(_TOKEN_KEY).decode()
-        nodes = [store.get(f"{_NODE_KEY}{r}").decode() for r in range(size)]
+        with self._store_watch.bounded():
+            store.set(f"{_NODE_KEY}{rank}", self._address)
+            if rank == 0:
+                store.set(_TOKEN_KEY, uuid.uuid4().hex[:12])
+            token = store.get(_TOKEN_KEY).decode()
+            nodes = [store.get(f"{_NODE_KEY}{r}").decode() for r in range(size)]
         before = self._membership.nodes if self._membership else []
         membership = Membership(
             token=token,
@@ -169,13 +173,35 @@ class ElasticAgent(WatchedAgent):
             asked = regroup_requests(self._dir, self._membership.token)
             if asked:
                 return f"a rank lost its peers ({asked[0]})"
-        waiting = handler.num_nodes_waiting()
+        with self._store_watch.bounded():
+            waiting = handler.num_nodes_waiting()  # also syncs the rendezvous state
         if waiting:
             return f"{waiting} node{'s' if waiting != 1 else ''} waiting to join"
-        if _round_of(handler) not in (None, self._round):
+        if self._membership is not None:
+            lost = lost_participants(handler, self._membership.group_world_size)
+            if lost:
+                return (
+                    f"{lost} node{'s' if lost != 1 else ''} of this round gone from the "
+                    "rendezvous (left it, or heartbeats stopped)"
+                )
+        if synced_round(handler) not in (None, self._round):
             # our heartbeats came late and the others went on to a new round without us
             return "the rendezvous moved on to a new round"
         return ""
+
+    def _lost_store(self, seconds: float) -> None:
+        """The rendezvous store stopped answering (this node's link is gone): the others have
+        gone on without this node, so stop its ranks and end the launcher (exit code 1)."""
+        if self._on_note is not None:
+            self._on_note(
+                f"the rendezvous store at {self._endpoint} did not answer for {seconds:.0f} s "
+                "(this node's network is gone?): stopping this node's ranks"
+            )
+        for worker in self._worker_group.workers:
+            if worker.id is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(worker.id), signal.SIGKILL)
+        os._exit(1)
 
     def _regroup(self, group: WorkerGroup, reason: str) -> None:
         """Join the next round with the ranks still running, and publish it to them."""
@@ -200,12 +226,3 @@ class ElasticAgent(WatchedAgent):
 def elastic_directory(log_dir: str) -> Path:
     """Where a node's launcher and ranks exchange membership files."""
     return Path(os.path.abspath(log_dir)) / ".elastic"
-
-
-def _round_of(handler: Any) -> int | None:
-    """The rendezvous round the c10d handler last synced (None if it does not say: torch
-    keeps it in a private state holder, read here only as a safety net)."""
-    holder = getattr(handler, "_state_holder", None)
-    state = getattr(holder, "state", None)
-    value = getattr(state, "round", None)
-    return value if isinstance(value, int) else None

@@ -33,7 +33,6 @@ from rich.table import Table
 from longboat.launch import faults, netns
 from longboat.launch.faults import Fault, FaultPlan
 from longboat.launch.netns import Node, Plan
-from longboat.launch.runner import elastic_rdzv_configs
 from longboat.log import get_logger
 
 __all__ = ["EmulateError", "add_arguments", "cleanup_stale", "launcher_command", "run"]
@@ -391,11 +390,22 @@ def _node_count(plan: Plan, node: Node, args: argparse.Namespace) -> list[str]:
     return [f"{getattr(args, 'min_nodes', None) or 1}:{len(plan.nodes)}"]
 
 
+#: torchrun's quickest c10d settings (whole seconds): a node silent for 3 x 1 s is lost, a
+#: round waits 1 s of last call.
+TORCHRUN_RDZV_CONF = {
+    "join_timeout": 300,
+    "last_call_timeout": 1,
+    "keep_alive_interval": 1,
+    "keep_alive_max_attempt": 3,
+    "close_timeout": 10,
+}
+
+
 def torchrun_command(plan: Plan, node: Node, args: argparse.Namespace, master: str) -> list[str]:
     """The same node started by plain torchrun (``--launcher torchrun``), for comparison."""
     host, port = master.rsplit(":", 1)
-    if plan.bridge_address is not None:  # elastic: torchrun's own restarts, our rendezvous pace
-        conf = ",".join(f"{k}={v}" for k, v in elastic_rdzv_configs(300).items())
+    if plan.bridge_address is not None:  # elastic: torchrun's own restarts
+        conf = ",".join(f"{k}={v}" for k, v in TORCHRUN_RDZV_CONF.items())
         rendezvous = [
             *("--rdzv-backend", "c10d", "--rdzv-endpoint", master, "--rdzv-id", plan.prefix),
             *("--rdzv-conf", conf, "--max-restarts", str(TORCHRUN_MAX_RESTARTS)),

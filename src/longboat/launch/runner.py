@@ -18,7 +18,7 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 from torch.distributed.launcher.api import LaunchConfig
 
-from longboat.launch import options
+from longboat.launch import options, rendezvous
 from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
 from longboat.launch.banner import print_banner
 from longboat.launch.elastic_agent import ElasticAgent, MembershipChange, elastic_directory
@@ -168,10 +168,11 @@ def _config(spec: LaunchSpec, master: str, run_id: str) -> LaunchConfig:
         nproc_per_node=spec.local_procs,
         run_id=run_id,
         # static: the ranks' process group uses the banner's master endpoint; elastic jobs
-        # need torch's c10d rendezvous, whose rounds admit and drop nodes
-        rdzv_backend="c10d" if spec.elastic else "static",
+        # need torch's c10d rendezvous (with sub-second timings), whose rounds admit and
+        # drop nodes
+        rdzv_backend=rendezvous.BACKEND if spec.elastic else "static",
         rdzv_endpoint=master,
-        rdzv_configs=elastic_rdzv_configs(spec.timeout)
+        rdzv_configs={"join_timeout": spec.timeout, "read_timeout": rendezvous.STORE_READ_TIMEOUT_S}
         if spec.elastic
         else {"rank": spec.node_rank, "timeout": spec.timeout},
         max_restarts=spec.max_restarts,
@@ -183,28 +184,11 @@ def _config(spec: LaunchSpec, master: str, run_id: str) -> LaunchConfig:
     )
 
 
-#: A node whose rendezvous heartbeat is this many times late counts as lost.
-_KEEP_ALIVE_S = 1
-_KEEP_ALIVE_ATTEMPTS = 3
-#: After MIN nodes joined a round, wait this long for more before it starts.
-_LAST_CALL_S = 1
-
-
-def elastic_rdzv_configs(join_timeout: float) -> dict[str, object]:
-    """c10d rendezvous settings: lost nodes noticed in seconds, rounds closed quickly."""
-    return {
-        "join_timeout": int(join_timeout),
-        "last_call_timeout": _LAST_CALL_S,
-        "keep_alive_interval": _KEEP_ALIVE_S,
-        "keep_alive_max_attempt": _KEEP_ALIVE_ATTEMPTS,
-        "close_timeout": 10,
-    }
-
-
 def _elastic_agent(spec: LaunchSpec, master: str, my_ip: str, console: Console) -> dict:
     """`run_agent`'s keyword arguments for an elastic job (none otherwise)."""
     if not spec.elastic:
         return {}
+    rendezvous.register()
 
     def on_change(change: MembershipChange) -> None:
         console.print(membership_line(change), markup=False, soft_wrap=True)
