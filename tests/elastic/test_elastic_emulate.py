@@ -20,11 +20,15 @@ from tests.launch.test_emulate import _leftovers, needs_netns, run_id  # noqa: F
 pytestmark = pytest.mark.timeout(150)
 
 
-def _emulate(job: str, tmp_path: Path, fault: list[str], **env: str) -> tuple[str, dict]:
-    """Run the probe on 3 emulated nodes (MIN 2) with ``fault``; console text, probe result."""
+def _emulate(
+    job: str, tmp_path: Path, fault: list[str], worlds: tuple[int, int] = (3, 2), **env: str
+) -> tuple[str, dict]:
+    """Run the probe on emulated nodes (MIN 2) with ``fault``, the world going from
+    ``worlds[0]`` to ``worlds[1]`` ranks; console text, probe result."""
+    first, last = worlds
     out = tmp_path / "out.json"
     cmd = [
-        *(sys.executable, "-m", "longboat", "emulate", "--nodes", "3", "--min-nodes", "2"),
+        *(sys.executable, "-m", "longboat", "emulate", "--nodes", str(first), "--min-nodes", "2"),
         *fault,
         *("--run-id", job, "--log-dir", str(tmp_path / "logs"), "--timeout", "120"),
         str(PROBE),
@@ -33,10 +37,10 @@ def _emulate(job: str, tmp_path: Path, fault: list[str], **env: str) -> tuple[st
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=140, env=env)
     text = done.stdout + done.stderr
     assert done.returncode == 0, text[-4000:]
-    assert "membership changed" in text and "world size 3 -> 2" in text, text[-4000:]
+    assert "membership changed" in text and f"world size {first} -> {last}" in text, text[-4000:]
     result = json.loads(out.read_text())
-    worlds = [w for w, _ in result["history"]]
-    assert worlds[0] == 3 and worlds[-1] == 2, worlds
+    seen = [w for w, _ in result["history"]]
+    assert seen[0] == first and seen[-1] == last, seen
     _check_against_replay(result)
     assert _leftovers(job) == []
     assert not netns.leftovers(f"{netns.PREFIX}{job}")
@@ -58,3 +62,15 @@ def test_a_node_whose_link_is_cut_is_dropped_and_the_others_finish(
     # a second; their ranks, blocked in a collective with it, leave at the failure timeout
     text, _ = _emulate(run_id, tmp_path, ["--cut-link", "2@step=4"], LONGBOAT_TIMEOUT="5")
     assert "node 2" in text and "link" in text, text[-4000:]
+
+
+@needs_netns
+def test_a_node_added_mid_run_gets_the_state_and_widens_the_world(
+    run_id: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # the job holds at commit 6 until the added node is in, so it cannot finish first
+    text, _ = _emulate(
+        run_id, tmp_path, ["--add-node", "step=4"], worlds=(2, 3), PROBE_WAIT_FOR_WORLD="3@6"
+    )
+    assert "joined" in text, text[-4000:]
