@@ -29,8 +29,8 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_
 BACKEND = "longboat-c10d"
 #: Seconds between a node's heartbeats.
 KEEP_ALIVE_S = 0.25
-#: Heartbeats a node may miss before the others drop it (1 s of silence).
-KEEP_ALIVE_ATTEMPTS = 4
+#: Heartbeats a node may miss before the others drop it (1.5 s of silence).
+KEEP_ALIVE_ATTEMPTS = 6
 #: After MIN nodes joined a round, how long it waits for more before it starts.
 LAST_CALL_S = 0.3
 #: How often a waiting node reads the rendezvous state.
