@@ -54,11 +54,12 @@ def main() -> None:
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
         total = 0.0
         for start in range(0, len(x), args.batch_size):
-            batch = order[start : start + args.batch_size][rank::workers]  # SplitSampler
+            global_batch = order[start : start + args.batch_size]
+            batch = global_batch[rank::workers]  # SplitSampler
             trainer.zero_grad()
             loss = loss_fn(model(x[batch]), y[batch])
             loss.backward()
-            trainer.step(batch_size=len(batch))
+            trainer.step(batch_size=len(global_batch))  # gluon: the workers' sum / batch_size
             total += loss.item()
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()

@@ -1,0 +1,405 @@
+"""``KVStore``: MXNet's key-value store API over a ``KVClient`` (servers or in-process)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from longboat.kvstore.compression import TwoBit, parse_params
+from longboat.kvstore.errors import (
+    InvalidArgumentError,
+    KeyNotInitError,
+    MXNetError,
+    NotSupportedError,
+)
+from longboat.kvstore.optimizer import Optimizer, as_optimizer
+from longboat.kvstore.sparse import RowSparse, check_rows
+from longboat.kvstore.types import kind_of, sums_on_device
+from longboat.log import get_logger
+from longboat.ps.client import PSError
+from longboat.ps.kv import KVClient
+
+Key = int | str
+Part = torch.Tensor | RowSparse
+Value = Part | Sequence[Part]
+Updater = Callable[[Key, torch.Tensor, torch.Tensor], None]
+log = get_logger("longboat.kvstore")
+_STATES = (
+    "save/load_optimizer_states is not supported: the optimizer state lives with the values on "
+    "the parameter servers; start them with a checkpoint directory (--checkpoint-dir or "
+    "LONGBOAT_PS_CHECKPOINT_DIR), whose checkpoints hold both, or use update_on_kvstore=False "
+    "and save the torch optimizer's state_dict()"
+)
+
+
+class KVStore:
+    """A key-value store of tensors (use ``longboat.kvstore.create``)."""
+
+    def __init__(self, name: str, client: KVClient, rank: int, num_workers: int) -> None:
+        self._type, self._kind, self._kv = name, kind_of(name), client
+        self._on_device = sums_on_device(name)
+        self._rank, self._num_workers = rank, num_workers
+        self._keys: dict[str, Key] = {}
+        self._shapes: dict[str, torch.Size] = {}
+        self._key_type: type | None = None
+        self._optimizer: Optimizer | None = None
+        self._updater: Updater | None = None
+        self._compress: TwoBit | None = None
+        self._closed = False
+
+    # ---- who and what -------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        """The type name given to ``create`` (as MXNet reports it)."""
+        return self._type
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._num_workers
+
+    @property
+    def update_on_kvstore(self) -> bool:
+        """True once ``set_optimizer`` made the store (the servers, for dist) run the update."""
+        return self._optimizer is not None
+
+    def is_capable(self, capability: str) -> bool:
+        return capability.lower() == "optimizer"
+
+    # ---- data ---------------------------------------------------------------------------
+    def init(self, key: Key | Sequence[Key], value: Value | Sequence[Value]) -> None:
+        """Create each key with its value. Distributed: worker 0's values are stored, then all
+        workers meet at a barrier (as MXNet does), so every key exists when ``init`` returns.
+        A key can be ``init``-ed once (MXNet: "duplicate init of key")."""
+        pairs = self._pairs("init", key, value)
+        for k, _ in pairs:
+            if str(k) in self._keys or [p[0] for p in pairs].count(k) > 1:
+                raise InvalidArgumentError(f"duplicate init of key {k!r}")
+        for k, parts in pairs:
+            dense = [p.to_dense() if isinstance(p, RowSparse) else p for p in parts]
+            v = self._merge("init", k, dense)
+            name = str(k)
+            self._keys[name], self._shapes[name] = k, v.shape
+            self._kv.init(name, v, send_value=self._rank == 0)
+        if self._kind.dist:
+            self._kv.barrier()
+
+    def push(
+        self, key: Key | Sequence[Key], value: Value | Sequence[Value], priority: int = 0
+    ) -> None:
+        """Push gradients (with an optimizer) or values. A list of values for a key (one per
+        device), and values of a key listed more than once, are summed first. ``priority`` is
+        accepted for MXNet compatibility; pushes go out in call order."""
+        grouped: dict[str, list[Part]] = {}
+        for k, parts in self._pairs("push", key, value):
+            grouped.setdefault(self._known(k), []).extend(parts)
+        batch: dict[str, torch.Tensor] = {}
+        for name, parts in grouped.items():
+            v = self._gradient(name, parts)
+            if self._updater is not None:
+                stored = self._kv.pull(name)
+                self._updater(self._keys[name], v, stored)
+                batch[name] = stored
+            elif self._optimizer is not None and self._optimizer.rescale_grad != 1.0:
+                batch[name] = v * self._optimizer.rescale_grad
+            else:
+                batch[name] = v
+        self._kv.push_many(batch)  # one message per server for all the keys
+
+    def pull(
+        self,
+        key: Key | Sequence[Key],
+        out: Value | Sequence[Value] | None = None,
+        priority: int = 0,
+        ignore_sparse: bool = True,
+    ) -> Any:
+        """Copy each key's value into ``out`` (a tensor or one per device) and return ``out``;
+        without ``out``, return new CPU tensors. dist_sync: waits until every worker's pushes
+        of this key up to now are applied. A ``RowSparse`` output is skipped (with a warning)
+        when ``ignore_sparse`` (MXNet's default: use ``row_sparse_pull``), else gets every row."""
+        keys, outs = self._outputs("pull", key, out)
+        values = self._kv.pull_many(list(dict.fromkeys(self._known(k) for k in keys)))
+        results = []
+        for k, o in zip(keys, outs, strict=True):
+            value = values[str(k)]
+            if o is None:
+                results.append(value)
+                continue
+            for target in [o] if isinstance(o, torch.Tensor | RowSparse) else o:
+                if isinstance(target, RowSparse):
+                    if ignore_sparse:
+                        log.warning("pull %r: skipped a row_sparse output (row_sparse_pull)", k)
+                        continue
+                    self._fill_rows(k, target, value, torch.arange(len(value)))
+                    continue
+                self._check_shape("pull", k, target.shape, value.shape)
+                target.copy_(value)
+            results.append(o)
+        return results[0] if isinstance(key, int | str) else results
+
+    def row_sparse_pull(
+        self,
+        key: Key | Sequence[Key],
+        out: RowSparse | Sequence[Any] | None = None,
+        priority: int = 0,
+        row_ids: torch.Tensor | Sequence[Any] | None = None,
+    ) -> Any:
+        """Fill each ``RowSparse`` in ``out`` with the rows ``row_ids`` (1-D, any order,
+        repeats allowed) of the key's value: ``out.indices`` becomes the sorted unique ids.
+        One ``row_ids`` for several outputs of a key serves them all. The rows are cut from a
+        full pull of the key (the servers' kv blocks have no row-level pull)."""
+        if out is None or row_ids is None:
+            raise InvalidArgumentError("row_sparse_pull needs out= and row_ids=")
+        keys, outs = self._outputs("row_sparse_pull", key, out)
+        single = isinstance(key, int | str)
+        ids_per_key = [row_ids] if single else list(row_ids)  # type: ignore[arg-type]
+        if len(ids_per_key) != len(keys):
+            raise InvalidArgumentError(
+                f"row_sparse_pull: {len(keys)} keys but {len(ids_per_key)} row_ids"
+            )
+        values = self._kv.pull_many(list(dict.fromkeys(self._known(k) for k in keys)))
+        for k, o, ids in zip(keys, outs, ids_per_key, strict=True):
+            targets = [o] if isinstance(o, RowSparse) else list(o)
+            per_target = [ids] if isinstance(ids, torch.Tensor) else list(ids)
+            if len(per_target) == 1:
+                per_target = per_target * len(targets)
+            if len(per_target) != len(targets):
+                raise InvalidArgumentError(
+                    f"row_sparse_pull {k!r}: {len(targets)} outputs but {len(per_target)} row_ids"
+                )
+            for target, rows in zip(targets, per_target, strict=True):
+                if not isinstance(target, RowSparse):
+                    raise TypeError(f"row_sparse_pull {k!r}: out must be RowSparse")
+                self._fill_rows(k, target, values[str(k)], torch.as_tensor(rows))
+        return out
+
+    def broadcast(
+        self, key: Key | Sequence[Key], value: Value | Sequence[Value], out: Any, priority: int = 0
+    ) -> Any:
+        """MXNet 2's ``broadcast``: ``init`` with worker 0's ``value``, then ``pull`` into
+        ``out``."""
+        self.init(key, value)
+        return self.pull(key, out, priority)
+
+    def pushpull(
+        self,
+        key: Key | Sequence[Key],
+        value: Value | Sequence[Value],
+        out: Value | Sequence[Value] | None = None,
+        priority: int = 0,
+    ) -> Any:
+        """``push`` then ``pull``; without ``out`` the result is written into ``value``."""
+        self.push(key, value, priority)
+        return self.pull(key, value if out is None else out, priority)
+
+    # ---- updates ------------------------------------------------------------------------
+    def set_optimizer(self, optimizer: Optimizer | torch.optim.Optimizer) -> None:
+        """Let the store apply ``optimizer`` to pushed gradients (on the servers for dist
+        types): for every key, created before or after. Every worker calls it (MXNet's rule);
+        worker 0 reconfigures existing keys, then all meet at a barrier."""
+        opt = as_optimizer(optimizer)
+        self._optimizer, self._updater = opt, None
+        self._kv.set_optimizer(opt.name, opt.hparams)
+        if self._rank == 0:
+            self._kv.reconfigure()
+        if self._kind.dist:
+            self._kv.barrier()
+
+    def _set_rescale_grad(self, rescale_grad: float) -> None:
+        """The optimizer's gradient scale (applied on this worker, so it may change per step)."""
+        if self._optimizer is None:
+            raise MXNetError("no optimizer is set on this store")
+        if rescale_grad != self._optimizer.rescale_grad:
+            self._optimizer = dataclasses.replace(self._optimizer, rescale_grad=rescale_grad)
+
+    def set_updater(self, updater: Updater) -> None:
+        """Local types: ``updater(key, pushed, stored)`` changes ``stored`` in place on push."""
+        if self._kind.dist:
+            raise MXNetError(
+                f"set_updater runs Python in this process, which a {self._type} store cannot "
+                "ship to its servers: use set_optimizer(kvstore.optimizer.SGD(...)) (or a "
+                "torch SGD/Adam/Adagrad), which the servers run"
+            )
+        self._updater, self._optimizer = updater, None
+        self._kv.set_optimizer(None)
+        self._kv.reconfigure()
+
+    _set_updater = set_updater
+
+    def set_gradient_compression(self, compression_params: Mapping[str, Any]) -> None:
+        """MXNet's 2-bit compression of pushes (``{'type': '2bit', 'threshold': t}``) with
+        error feedback (``longboat.kvstore.compression``). As in MXNet, only types with 'dist'
+        or 'device' in the name accept it; dist stores quantize each worker's (device-summed)
+        push, device stores each device's value (even a single one) before summing."""
+        if not self._kind.compression:
+            raise MXNetError("Gradient compression is not supported for this type of kvstore")
+        threshold = parse_params(compression_params)
+        self._compress = TwoBit(threshold) if threshold > 0 else None
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Refused: the optimizer state lives in the servers' blocks."""
+        raise NotSupportedError(_STATES)
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Refused: the optimizer state lives in the servers' blocks."""
+        raise NotSupportedError(_STATES)
+
+    def barrier(self) -> None:
+        """Wait for every worker (a no-op for local types)."""
+        if self._kind.dist:
+            self._kv.barrier()
+
+    _barrier = barrier
+
+    def close(self) -> None:
+        """Dist: tell the servers this worker is done (also run at interpreter exit)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._kv.stop()
+        except PSError as exc:  # the servers may be gone already: nothing left to tell them
+            log.warning("kvstore close: could not tell the servers this worker stopped: %s", exc)
+        finally:
+            self._kv.close()
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _gradient(self, name: str, parts: list[Part]) -> torch.Tensor:
+        """One pushed tensor from a key's parts: row-sparse parts made dense, compressed as
+        MXNet does for this store type, summed."""
+        key = self._keys[name]
+        if any(isinstance(p, RowSparse) for p in parts):
+            self._check_sparse_push(key)
+            parts = [p.to_dense() if isinstance(p, RowSparse) else p for p in parts]
+        dense: list[torch.Tensor] = parts  # type: ignore[assignment]
+        self._check_same_shape("push", key, dense)
+        self._check_shape("push", key, dense[0].shape, self._shapes[name])
+        if self._compress is not None and not self._kind.dist:
+            dense = [self._compress((name, i), p) for i, p in enumerate(dense)]
+        total = self._merge("push", key, dense)
+        if self._compress is not None and self._kind.dist:
+            total = self._compress(name, total)
+        return total
+
+    def _check_sparse_push(self, key: Key) -> None:
+        """Row-sparse gradients are pushed dense: refused where MXNet's lazy row update would
+        differ from a dense update with zero rows (momentum, weight decay, Adam)."""
+        if self._compress is not None:
+            raise InvalidArgumentError(
+                f"push {key!r}: gradient compression is for dense values, not row_sparse ones"
+            )
+        opt = self._optimizer
+        if opt is None:
+            return
+        h = opt.hparams
+        lazy_equals_dense = (
+            opt.name == "sgd" and h.get("momentum", 0) == 0 and h.get("weight_decay", 0) == 0
+        ) or (opt.name == "adagrad" and h.get("weight_decay", 0) == 0 and h.get("lr_decay", 0) == 0)
+        if not lazy_equals_dense:
+            raise InvalidArgumentError(
+                f"push {key!r}: a row_sparse gradient with optimizer {opt.name} {h} would update "
+                "rows it does not list (MXNet's lazy update leaves them alone); push a dense "
+                "gradient, or use SGD without momentum and wd, or AdaGrad without wd"
+            )
+
+    def _fill_rows(self, key: Key, target: RowSparse, value: torch.Tensor, ids: Any) -> None:
+        self._check_shape("row_sparse_pull", key, torch.Size(target.shape), value.shape)
+        rows = torch.unique(torch.as_tensor(ids, dtype=torch.int64).reshape(-1).cpu())
+        check_rows(rows, value.shape[0])
+        target.indices = rows
+        target.data = value[rows].to(target.data.device, target.data.dtype)
+
+    @staticmethod
+    def _check_same_shape(what: str, key: Key, parts: Sequence[torch.Tensor]) -> None:
+        if any(p.shape != parts[0].shape for p in parts):
+            shapes = [tuple(p.shape) for p in parts]
+            raise InvalidArgumentError(
+                f"{what} {key!r}: per-device values differ in shape {shapes}"
+            )
+
+    def _check_shape(self, what: str, key: Key, got: torch.Size, want: torch.Size) -> None:
+        if tuple(got) != tuple(want):
+            noun = "out has" if what != "push" else "the value has"
+            raise InvalidArgumentError(
+                f"{what} {key!r}: {noun} shape {tuple(got)}, the key holds {tuple(want)}"
+            )
+
+    def _check_key(self, what: str, key: Key) -> None:
+        if not isinstance(key, int | str) or isinstance(key, bool):
+            raise TypeError(f"{what}: keys are int or str, got {type(key).__name__}")
+        if self._key_type is None:
+            self._key_type = type(key)
+        elif not isinstance(key, self._key_type):
+            raise InvalidArgumentError(
+                f"Mixed key types are not allowed: this store uses {self._key_type.__name__} "
+                f"keys, {what} got {key!r}"
+            )
+
+    def _known(self, key: Key) -> str:
+        if str(key) not in self._keys:
+            raise KeyNotInitError(f"key {key!r} has not been inited: call kv.init first")
+        return str(key)
+
+    def _merge(self, what: str, key: Key, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The sum of per-device values: on the CPU for local types, on the first value's
+        device for device types."""
+        self._check_same_shape(what, key, parts)
+        where = parts[0].device if self._on_device else torch.device("cpu")
+        total = parts[0].to(where, copy=True)
+        for p in parts[1:]:
+            total += p.to(where)
+        return total
+
+    def _split(self, what: str, key: Key, value: Value) -> list[Part]:
+        parts = [value] if isinstance(value, torch.Tensor | RowSparse) else list(value)
+        if not parts or not all(isinstance(p, torch.Tensor | RowSparse) for p in parts):
+            raise TypeError(f"{what} {key!r}: give a tensor or a non-empty list of tensors")
+        return [p.detach() for p in parts]
+
+    def _pairs(
+        self, what: str, key: Key | Sequence[Key], value: Value | Sequence[Value]
+    ) -> list[tuple[Key, list[Part]]]:
+        """(key, its per-device parts) for a key and value, or lists of both."""
+        if isinstance(key, int | str):
+            self._check_key(what, key)
+            return [(key, self._split(what, key, value))]  # type: ignore[arg-type]
+        keys, values = list(key), list(value)  # type: ignore[arg-type]
+        self._check_same_type(keys)
+        if len(keys) != len(values):
+            raise ValueError(f"{what}: {len(keys)} keys but {len(values)} values")
+        for k in keys:
+            self._check_key(what, k)
+        return [(k, self._split(what, k, v)) for k, v in zip(keys, values, strict=True)]
+
+    def _outputs(
+        self, what: str, key: Key | Sequence[Key], out: Any
+    ) -> tuple[list[Key], list[Any]]:
+        """The keys of a pull and one output (or None) per key."""
+        single = isinstance(key, int | str)
+        keys = [key] if single else list(key)  # type: ignore[list-item, arg-type]
+        self._check_same_type(keys)
+        for k in keys:
+            self._check_key(what, k)
+        if single or out is None:
+            outs: list[Any] = [out] * len(keys)
+        elif isinstance(out, torch.Tensor | RowSparse):
+            raise TypeError(f"{what} of a list of keys needs a list of outputs, one per key")
+        else:
+            outs = list(out)
+        if len(outs) != len(keys):
+            raise ValueError(f"{what}: {len(keys)} keys but {len(outs)} outputs")
+        return keys, outs  # type: ignore[return-value]
+
+    @staticmethod
+    def _check_same_type(keys: Sequence[Any]) -> None:
+        if len({type(k) for k in keys}) > 1:
+            raise AssertionError("inconsistent types of keys detected.")
+
+
+__all__ = ["Key", "KVStore", "Updater", "Value"]
