@@ -7,14 +7,16 @@
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-Collectives are negotiated by name on a background thread (negotiation.py); the
-DistributedOptimizer rides on the core reducer (fusion, overlap, communicators, fp16). See
-docs/horovod.md for what maps to what and what is not supported. ``hvd.elastic`` is Horovod's
-elastic API on ``lb.elastic`` (elastic.py).
+Collectives are negotiated by name on a background thread (negotiation.py), one per process
+set (process_sets.py); every Horovod dtype runs on Gloo (dtypes.py); the DistributedOptimizer
+rides on the core reducer (fusion, overlap, communicators, fp16), with Horovod's sparse path
+(sparse.py). See docs/horovod.md for what maps to what and what is not supported.
+``hvd.elastic`` is Horovod's elastic API on ``lb.elastic`` (elastic.py).
 """
 
 from longboat.horovod.torch import elastic
 from longboat.horovod.torch.basics import (
+    add_process_set,
     ccl_built,
     controller,
     cross_rank,
@@ -33,6 +35,7 @@ from longboat.horovod.torch.basics import (
     mpi_threads_supported,
     nccl_built,
     rank,
+    remove_process_set,
     rocm_built,
     shutdown,
     size,
@@ -81,9 +84,14 @@ from longboat.horovod.torch.scatter_gather import (
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
     reducescatter,
     reducescatter_async,
 )
+from longboat.horovod.torch.sparse import sparse_allreduce_async
 
 __all__ = [
     "Adasum",
@@ -98,6 +106,7 @@ __all__ = [
     "Product",
     "ReduceOp",
     "Sum",
+    "add_process_set",
     "allgather",
     "allgather_async",
     "allgather_object",
@@ -125,10 +134,14 @@ __all__ = [
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
+    "grouped_allgather",
+    "grouped_allgather_async",
     "grouped_allreduce",
     "grouped_allreduce_",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
     "init",
     "is_homogeneous",
     "is_initialized",
@@ -143,9 +156,11 @@ __all__ = [
     "rank",
     "reducescatter",
     "reducescatter_async",
+    "remove_process_set",
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

@@ -13,13 +13,22 @@ from __future__ import annotations
 
 import atexit
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 import longboat.cluster as cluster
-from longboat.horovod.torch.negotiation import BARRIER, Controller, Request, Work
+from longboat.horovod.torch import process_sets as psets
+from longboat.horovod.torch.negotiation import (
+    BARRIER,
+    Controller,
+    HorovodInternalError,
+    Request,
+    Work,
+)
+from longboat.horovod.torch.process_sets import ProcessSet, global_process_set
 
 log = logging.getLogger("longboat.horovod")
 
@@ -27,17 +36,17 @@ _controller: Controller | None = None  # this process's negotiation; see `contro
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Join the job (idempotent). ``comm`` (an MPI communicator) is not supported."""
+    """Join the job (idempotent). ``process_sets``: a list of :class:`ProcessSet` to register
+    now (every rank passes the same list), or ``"dynamic"`` to allow ``add_process_set`` later.
+    ``comm`` (an MPI communicator) is not supported."""
     global _controller
     if comm is not None:
         raise NotImplementedError(
             "hvd.init(comm=...) takes an MPI communicator; longboat runs without MPI. Call "
             "hvd.init() and start the ranks with `longboat launch`, torchrun or mpirun"
         )
-    if process_sets not in (None, [], "dynamic"):
-        raise NotImplementedError(
-            "process sets are not supported by longboat.horovod: every op runs on all ranks"
-        )
+    if process_sets not in (None, "dynamic") and not isinstance(process_sets, (list, tuple)):
+        raise ValueError('process_sets must be a list of hvd.ProcessSet, or "dynamic"')
     if _controller is not None:
         return
     info = cluster.init()
@@ -48,6 +57,42 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     cluster.on_shutdown(shutdown)  # before lb.shutdown destroys the process group
     atexit.unregister(_close_at_exit)
     atexit.register(_close_at_exit)  # runs before lb's own atexit shutdown (LIFO)
+    global_process_set.ranks = list(range(info.world_size))
+    psets.set_dynamic(process_sets == "dynamic")
+    if isinstance(process_sets, (list, tuple)):
+        for process_set in process_sets:
+            psets.register(process_set, _start_set)
+
+
+def _start_set(rank: int, world: int, groups: tuple[Any, Any]) -> Controller:
+    """The negotiation thread of a process set this rank belongs to."""
+    timeout_s = cluster.job_timeout().total_seconds()
+    return Controller(rank, world, timeout_s, "native", groups)
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a process set after init (dynamic process sets only; every rank, members or
+    not, in the same order). Returns the registered :class:`ProcessSet`."""
+    controller()
+    if not psets.dynamic_enabled():
+        raise ValueError(
+            "adding process sets after hvd.init() needs dynamic process sets: "
+            'hvd.init(process_sets="dynamic") or HOROVOD_DYNAMIC_PROCESS_SETS=1'
+        )
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    return psets.register(process_set, _start_set)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister ``process_set`` (every rank, same order); False for the global set."""
+    controller()
+    if not psets.dynamic_enabled():
+        raise ValueError(
+            "removing process sets needs dynamic process sets: "
+            'hvd.init(process_sets="dynamic") or HOROVOD_DYNAMIC_PROCESS_SETS=1'
+        )
+    return psets.unregister(process_set)
 
 
 def _forget() -> Controller | None:
@@ -62,28 +107,39 @@ def _forget() -> Controller | None:
 
 
 def _close_at_exit() -> None:
-    """A script that never calls shutdown(): stop the thread before the groups go away."""
+    """A script that never calls shutdown(): stop the threads before the groups go away."""
     ctl = _forget()
     if ctl is not None:
+        psets.close_all()
         ctl.close(grace_s=1.0)
 
 
 def shutdown() -> None:
-    """Stop negotiating, once every rank has called shutdown(); safe to call twice."""
+    """Stop negotiating, once every rank has called shutdown(); safe to call twice, and after
+    a failed op."""
     ctl = _forget()
     if ctl is None:
         return
-    if ctl.world > 1:
-        work = ctl.submit(Work(Request("longboat.shutdown", BARRIER), None))
-        if not work.done.wait(ctl.timeout_s) or work.error is not None:
+    if ctl.world > 1 and not ctl.broken:
+        error: BaseException | None = None
+        try:
+            work = ctl.submit(Work(Request("longboat.shutdown", BARRIER), None))
+            if not work.done.wait(ctl.timeout_s):
+                error = TimeoutError("timed out")
+            error = error or work.error
+        except (HorovodInternalError, ValueError) as exc:
+            error = exc
+        if error is not None:
             log.warning(
                 "rank %d: hvd.shutdown() did not meet every other rank within %.0fs (%s); "
                 "stopping anyway",
                 ctl.rank,
                 ctl.timeout_s,
-                work.error or "timed out",
+                error,
             )
+    psets.close_all()
     ctl.close()
+    global_process_set.ranks = None
 
 
 def is_initialized() -> bool:

@@ -45,7 +45,7 @@ from longboat.elastic.failures import describe, is_peer_failure
 from longboat.elastic.run import run as _lb_run
 from longboat.elastic.sampler import ElasticSampler as _LbSampler
 from longboat.elastic.state import State as _LbState
-from longboat.horovod.torch import basics
+from longboat.horovod.torch import basics, process_sets
 from longboat.horovod.torch.optimizer import live_optimizers
 from longboat.horovod.torch.requests import HorovodInternalError
 from longboat.log import get_logger
@@ -82,6 +82,7 @@ def _drop_controller() -> None:
     """Stop the negotiation thread without ``hvd.shutdown``'s barrier (a peer is gone)."""
     ctl = basics._forget()
     if ctl is not None:
+        process_sets.close_all()  # their groups span the old world too
         ctl.close(grace_s=1.0)
 
 

@@ -2,7 +2,10 @@
 
 Ready allreduces are fused by the core's bucket planner and summed with the core's allreduce
 algorithm; broadcasts travel coalesced through the core's ``broadcast_state``; allgather,
-alltoall and reducescatter run on the data group. A joined rank contributes zeros (empty rows).
+alltoall and reducescatter run on the data group. A joined rank contributes zeros to
+allreduces (the other collectives are refused while a rank has joined, as in Horovod).
+Tensors travel in a dtype Gloo supports (``dtypes.py``). An op that fails here fails on the
+ranks that submitted it, and the negotiation goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch.distributed as dist
 
 from longboat.collective.buckets import MB, GradSpec, plan_buckets
 from longboat.collective.consistency import broadcast_state
+from longboat.horovod.torch.dtypes import scale, unwire, wire
 from longboat.horovod.torch.requests import (
     ALLGATHER,
     ALLREDUCE,
@@ -65,12 +69,28 @@ class Collectives:
             elif q.kind == BROADCAST:
                 broadcasts.setdefault(q.root, []).append(resp)
         for group in allreduces.values():
-            self._allreduce(group)
+            self._guarded(group, self._allreduce, group)
         for root, group in broadcasts.items():
-            self._broadcast(root, group)
+            self._guarded(group, self._broadcast, root, group)
         for resp in responses:
             if resp.error is None and resp.first.kind not in (ALLREDUCE, BROADCAST):
-                getattr(self, "_" + resp.first.kind.lower())(resp)
+                self._guarded([resp], getattr(self, "_" + resp.first.kind.lower()), resp)
+
+    def _guarded(self, group: list[Response], run: Callable[..., None], *args: Any) -> None:
+        """``run(*args)``; if it raises, the ops of ``group`` still open here fail with the
+        reason and the next responses run as usual."""
+        try:
+            run(*args)
+        except Exception as exc:  # noqa: BLE001 - delivered to the op's waiters
+            for resp in group:
+                q = resp.first
+                self._done(
+                    resp.name,
+                    error=HorovodInternalError(
+                        f"rank {self.rank}: {q.kind} {resp.name!r} ({q.dtype} "
+                        f"{list(q.shape)}) failed: {type(exc).__name__}: {exc}"
+                    ),
+                )
 
     def _input(self, resp: Response) -> torch.Tensor:
         """This rank's tensor for ``resp``; zeros shaped like the others' on a joined rank."""
@@ -89,14 +109,16 @@ class Collectives:
             return self._sum(flat)
         return dist.all_reduce(flat, op=_TORCH_OPS[ReduceOp(op)], group=self.data, async_op=True)
 
-    def _finish_reduce(self, flat: torch.Tensor, q: Request) -> None:
-        if q.op == ReduceOp.Average:
-            if flat.is_floating_point() or flat.is_complex():
-                flat.mul_(q.postscale / self.world)
-                return
-            flat.div_(self.world, rounding_mode="floor")
-        if q.postscale != 1.0:
-            flat.mul_(q.postscale)
+    def _reduce(self, flat: torch.Tensor, q: Request) -> Any:
+        """Start reducing ``flat`` (a fresh wire-dtype copy): prescale, then the collective.
+        Returns ``(tensor, handle)``: the tensor the collective fills."""
+        flat = scale(flat, q.prescale)
+        return flat, self._start_reduce(flat, q.op)
+
+    def _finish_reduce(self, flat: torch.Tensor, q: Request) -> torch.Tensor:
+        """Postscale (and Average's ``1 / size``) as Horovod: float64 for integers."""
+        factor = q.postscale / self.world if q.op == ReduceOp.Average else q.postscale
+        return scale(flat, factor)
 
     def _allreduce(self, group: list[Response]) -> None:
         """Fused allreduce of responses that share dtype, device, op and scale factors."""
@@ -118,41 +140,45 @@ class Collectives:
         for bucket in plan.buckets:
             members = sorted(bucket)
             flat = torch.cat([inputs[i].reshape(-1) for i in members])  # a copy, always
-            if q.prescale != 1.0:
-                flat.mul_(q.prescale)
-            launched.append((members, flat, self._start_reduce(flat, q.op)))
+            launched.append((members, *self._reduce(wire(flat, reduce=True), q)))
         for members, flat, handle in launched:
             handle.wait()
-            self._finish_reduce(flat, q)
+            flat = unwire(self._finish_reduce(flat, q), inputs[0].dtype)
             pieces = flat.split([inputs[i].numel() for i in members])
             for i, piece in zip(members, pieces, strict=True):
                 work = self._local(group[i].name)
                 if work is not None:
                     out = work.output
-                    out.copy_(piece.view_as(out))
+                    out.copy_(piece.view(out.shape))
                     self._done(group[i].name, out)
 
     def _broadcast(self, root: int, group: list[Response]) -> None:
-        tensors = []
+        targets = []
         for resp in group:
             work = self._local(resp.name)
-            tensors.append(work.output if work is not None else self._input(resp))
-        broadcast_state(tensors, group=self.data, src=root, coalesce=True)
-        for resp, tensor in zip(group, tensors, strict=True):
-            self._done(resp.name, tensor)
+            targets.append(work.output if work is not None else self._input(resp))
+        wired = [wire(t, reduce=False) for t in targets]
+        broadcast_state(wired, group=self.data, src=root, coalesce=True)
+        for resp, target, sent in zip(group, targets, wired, strict=True):
+            if sent is not target:
+                target.copy_(sent)
+            self._done(resp.name, target)
 
     def _allgather(self, resp: Response) -> None:
-        mine = self._input(resp)
+        original = self._input(resp)
+        mine = wire(original, reduce=False)
         rows = [resp.requests[r].shape[0] if r in resp.requests else 0 for r in range(self.world)]
         padded = mine.new_zeros((max(rows), *mine.shape[1:]))
         padded[: mine.shape[0]] = mine
         gathered = [torch.empty_like(padded) for _ in range(self.world)]
         dist.all_gather(gathered, padded, group=self.data)
-        self._done(resp.name, torch.cat([g[:n] for g, n in zip(gathered, rows, strict=True)]))
+        out = torch.cat([g[:n] for g, n in zip(gathered, rows, strict=True)])
+        self._done(resp.name, unwire(out, original.dtype))
 
     def _alltoall(self, resp: Response) -> None:
         work = self._local(resp.name)
-        mine = self._input(resp)
+        original = self._input(resp)
+        mine = wire(original, reduce=False)
         send = list(resp.requests[self.rank].splits) if work is not None else [0] * self.world
         recv = [
             resp.requests[r].splits[self.rank] if r in resp.requests else 0
@@ -160,15 +186,15 @@ class Collectives:
         ]
         out = mine.new_empty((sum(recv), *mine.shape[1:]))
         dist.all_to_all_single(out, mine.contiguous(), recv, send, group=self.data)
-        self._done(resp.name, (out, torch.tensor(recv, dtype=torch.int32)))
+        received = torch.tensor(recv, dtype=torch.int32)
+        self._done(resp.name, (unwire(out, original.dtype), received))
 
     def _reducescatter(self, resp: Response) -> None:
         q = resp.first
-        flat = self._input(resp).reshape(-1).clone()
-        if q.prescale != 1.0:
-            flat.mul_(q.prescale)
-        self._start_reduce(flat, q.op).wait()
-        self._finish_reduce(flat, q)
+        original = self._input(resp)
+        flat, handle = self._reduce(wire(original.reshape(-1).clone(), reduce=True), q)
+        handle.wait()
+        flat = unwire(self._finish_reduce(flat, q), original.dtype)
         rows = scatter_rows(q.shape[0], self.world)
         start = sum(rows[: self.rank])
         full = flat.view(q.shape)

@@ -46,7 +46,7 @@ def broadcast_optimizer_state(
     """Give every rank ``root_rank``'s optimizer state and hyper-parameters.
 
     A fresh optimizer's empty state is materialised first, as Horovod does: one local step
-    on zero gradients (parameters are restored afterwards).
+    on zero gradients, which stay in ``p.grad`` afterwards.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
@@ -84,16 +84,15 @@ def broadcast_optimizer_state(
 
 
 def _materialise(optimizer: torch.optim.Optimizer) -> None:
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-    saved = [(p, p.detach().clone(), p.grad) for p in params]
-    for p in params:
-        grad = torch.zeros_like(p)
-        p.grad = grad.to_sparse() if isinstance(optimizer, torch.optim.SparseAdam) else grad
+    """Horovod's way to create a fresh optimizer's state: every trainable parameter gets a zero
+    gradient (left in place afterwards, as Horovod leaves it) and the wrapped optimizer takes
+    one local step."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                grad = torch.zeros_like(p)
+                p.grad = grad.to_sparse() if isinstance(optimizer, torch.optim.SparseAdam) else grad
     local_step(optimizer)()
-    with torch.no_grad():
-        for p, value, grad in saved:
-            p.copy_(value)
-            p.grad = grad
 
 
 def _dumps(obj: Any) -> bytes | str:

@@ -13,9 +13,13 @@ This is Horovod's controller on torch.distributed:
   name is ready once every rank that has not ``join()``-ed submitted it; ready names are
   processed in the order they first appeared (cycle, rank, position), which every rank
   computes identically, so the collectives that follow match on every rank.
-* A ready name whose requests disagree (operation, dtype, shape, reduction, root) fails on every
-  rank with ``Mismatched ALLREDUCE tensor shapes ...`` naming the ranks and values: an error
-  on every rank, never a hang.
+* A ready name whose requests disagree (operation, dtype, shape, reduction, root), or that
+  Horovod refuses while a rank has joined, fails on every rank with the reason (``Mismatched
+  ALLREDUCE tensor shapes ...`` naming the ranks and values): an error, never a hang. An op
+  whose collective raises fails alone; the next cycles go on.
+* One controller negotiates one process set: every rank for ``hvd.init()``'s, the members of
+  a registered ``hvd.ProcessSet`` for its own (``process_sets.py``); ranks are positions in
+  the set.
 * Ready allreduces with the same dtype, device, op and scale factors are fused by the core's
   bucket planner (capped at ``HOROVOD_FUSION_THRESHOLD`` bytes, default 64 MiB) and summed
   with the core's allreduce algorithm (``Strategy.allreduce_algorithm``) on a data group;
@@ -57,6 +61,7 @@ from longboat.horovod.torch.requests import (
     Request,
     Response,
     Work,
+    join_error,
     mismatch,
     scatter_rows,
 )
@@ -92,7 +97,16 @@ def env_float(name: str, default: float) -> float:
 class Controller(Collectives):
     """The per-rank negotiation thread and the collectives it runs; see the module docstring."""
 
-    def __init__(self, rank: int, world: int, timeout_s: float, algorithm: str = "native"):
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        timeout_s: float,
+        algorithm: str = "native",
+        groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None,
+    ):
+        """``rank``/``world`` within the ranks negotiating (a process set's, or every rank);
+        ``groups``: its (control, data) process groups, made here over every rank if None."""
         self.rank = rank
         self.world = world
         self.timeout_s = timeout_s
@@ -100,7 +114,9 @@ class Controller(Collectives):
         self.cycle_s = env_float("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_MS) / 1000.0
         self.cache_capacity = int(env_float("HOROVOD_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY))
         self.stall_s = env_float("HOROVOD_STALL_CHECK_TIME_SECONDS", DEFAULT_STALL_WARNING_S)
-        self.control, self.data = make_communicators(2)  # bounded by the job's timeout
+        if groups is None:
+            groups = (*make_communicators(2),)  # bounded by the job's timeout
+        self.control, self.data = groups
         self._sum = algorithms.make(algorithm, self.data)
         # torch's current CUDA device is per thread: the negotiation thread adopts this one
         nccl = dist.get_backend(self.data) == "nccl"
@@ -143,9 +159,10 @@ class Controller(Collectives):
             self._raise_if_broken()
             name = work.request.name
             if name in self._outstanding:
-                raise HorovodInternalError(
-                    f"rank {self.rank}: a collective named {name!r} is still in flight on this "
-                    "rank; synchronize() it before submitting the name again, or use another name"
+                raise ValueError(  # Horovod's duplicate-name error is a ValueError too
+                    f"Requested a {work.request.kind.lower()} named {name!r}, the same name as "
+                    "another collective that is currently being processed on this rank. "
+                    "synchronize() that one first, or use a different name"
                 )
             self._outstanding[name] = work
             self._new.append(work)
@@ -180,6 +197,11 @@ class Controller(Collectives):
         with self._cv:
             have = self._table.get(name, {})
             return [r for r in range(self.world) if r not in have and r not in self._joined]
+
+    @property
+    def broken(self) -> bool:
+        """True once the control group failed (a peer died or timed out): nothing more can run."""
+        return self._broken is not None
 
     def close(self, grace_s: float = 10.0) -> None:
         """Stop the thread; work still outstanding fails with HorovodInternalError."""
@@ -276,7 +298,9 @@ class Controller(Collectives):
                 requests = dict(sorted(self._table.pop(name).items()))
                 self._seen_at.pop(name, None)
                 self._warned.discard(name)
-                error = mismatch(name, requests)
+                error = mismatch(name, requests) or join_error(
+                    name, next(iter(requests.values())).kind, sorted(self._joined)
+                )
                 if error is None:
                     self._remember(requests)
                 responses.append(Response(name, requests, error))

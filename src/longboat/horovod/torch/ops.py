@@ -4,8 +4,9 @@
 Every op is submitted by name to the negotiation thread (``negotiation.py``) and returns an
 integer handle; ``synchronize(handle)`` waits for the result (bounded by the job timeout) and
 raises :class:`HorovodInternalError` with the reason when the op failed. The ops themselves are
-in ``reductions.py`` (allreduce, grouped allreduce) and ``scatter_gather.py`` (allgather,
-broadcast, alltoall, reducescatter).
+in ``reductions.py`` (allreduce, grouped allreduce), ``scatter_gather.py`` (allgather,
+broadcast, alltoall, reducescatter, their grouped forms) and ``sparse.py``. An op with
+``process_set=`` goes to that set's negotiation (``process_sets.py``).
 """
 
 from __future__ import annotations
@@ -19,25 +20,19 @@ from typing import Any
 import torch
 
 from longboat.horovod.torch import basics
+from longboat.horovod.torch.dtypes import check_dtype
+from longboat.horovod.torch.negotiation import Controller
+from longboat.horovod.torch.process_sets import ProcessSet, controller_for, global_process_set
 from longboat.horovod.torch.requests import BARRIER, ReduceOp, Request, Work
 
 Average, Sum, Adasum = ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum
 Min, Max, Product = ReduceOp.Min, ReduceOp.Max, ReduceOp.Product
 
 
-class ProcessSet:
-    """Horovod's process set; only the global one (every rank) exists here."""
-
-    def __repr__(self) -> str:
-        return "ProcessSet(global)"
-
-
-global_process_set = ProcessSet()
-
-
 @dataclass
 class _Handle:
     works: list[Work]
+    controller: Controller
     grouped: bool = False
 
 
@@ -53,20 +48,29 @@ def reset_handles() -> None:
         _handles.clear()
 
 
-def check_process_set(process_set: Any) -> None:
-    """Only the global process set exists here."""
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError(
-            "longboat.horovod runs every op on all ranks: pass no process_set "
-            "(hvd.global_process_set)"
-        )
+def controller(process_set: ProcessSet | None = None) -> Controller:
+    """The negotiation running ops of ``process_set`` on this rank (ValueError before init,
+    for an unregistered set or on a rank outside it)."""
+    return controller_for(process_set, basics.controller())
+
+
+def set_size(process_set: ProcessSet | None) -> int:
+    """Number of ranks in ``process_set`` (every rank for the global set)."""
+    return controller(process_set).world
+
+
+def set_rank(process_set: ProcessSet | None) -> int:
+    """This rank's position in ``process_set``."""
+    return controller(process_set).rank
 
 
 def register(works: list[Work], grouped: bool = False) -> int:
-    """A new handle for ``works`` (one op, or a group yielding a list)."""
+    """A new handle for ``works`` (one op, or a group yielding a list), all submitted to
+    one process set's negotiation."""
+    ctl = works[0].owner if works and works[0].owner is not None else basics.controller()
     with _handles_lock:
         handle = next(_next_handle)
-        _handles[handle] = _Handle(works, grouped)
+        _handles[handle] = _Handle(works, ctl, grouped)
     return handle
 
 
@@ -99,13 +103,23 @@ def resolve_op(op: Any, average: bool | None, stacklevel: int = 3) -> ReduceOp:
 
 
 def submit(
-    kind: str, tensor: torch.Tensor | None, name: str | None, out: Any, **extra: Any
+    kind: str,
+    tensor: torch.Tensor | None,
+    name: str | None,
+    out: Any,
+    process_set: ProcessSet | None = None,
+    **extra: Any,
 ) -> Work:
-    """Queue ``kind`` on ``tensor`` under ``name`` (Horovod's unnamed rule) with ``out``."""
-    ctl = basics.controller()
+    """Queue ``kind`` on ``tensor`` under ``name`` (Horovod's unnamed rule) with ``out``, on
+    ``process_set``'s negotiation."""
+    ctl = controller(process_set)
+    if tensor is not None:
+        check_dtype(tensor, kind.lower())
     request = Request.of(ctl.name_for(kind, name), kind, tensor, **extra)
     source = None if tensor is None else tensor.detach()
-    return ctl.submit(Work(request, source, out))
+    work = Work(request, source, out)
+    work.owner = ctl
+    return ctl.submit(work)
 
 
 # -- control ----------------------------------------------------------------------------------
@@ -120,26 +134,27 @@ def poll(handle: int) -> bool:
     return all(w.done.is_set() for w in entry.works)
 
 
-def synchronize(handle: int) -> Any:
-    """Wait for ``handle``'s op and return its output (a list for grouped ops)."""
+def synchronize(handle: Any) -> Any:
+    """Wait for ``handle``'s op and return its output (a list for grouped ops). A callable
+    handle (``sparse_allreduce_async``) is called."""
+    if callable(handle):
+        return handle()
     with _handles_lock:
         entry = _handles.pop(handle, None)
     if entry is None:
         return None
-    ctl = basics.controller()
-    results = [ctl.wait(w) for w in entry.works]
+    results = [entry.controller.wait(w) for w in entry.works]
     return results if entry.grouped else results[0]
 
 
 def join(device: int = -1) -> int:
     """Declare this rank done; until every rank joined, it contributes zeros to the others'
-    allreduces (empty rows to allgathers). Returns the last rank to join."""
+    allreduces (allgather, broadcast, alltoall and reducescatter raise meanwhile, as in
+    Horovod). Returns the last rank to join."""
     ctl = basics.controller()
     return int(ctl.wait(ctl.join()))
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Wait until every rank reached a barrier (bounded by the job timeout)."""
-    check_process_set(process_set)
-    ctl = basics.controller()
-    ctl.wait(submit(BARRIER, None, None, None))
+    """Wait until every rank of ``process_set`` reached a barrier (bounded by the job timeout)."""
+    controller(process_set).wait(submit(BARRIER, None, None, None, process_set))

@@ -34,11 +34,20 @@ from torch import nn
 from longboat.collective.buckets import BucketPlan
 from longboat.collective.engine import build_reducer
 from longboat.collective.reducer import Reducer
+from longboat.comm import algorithms
 from longboat.comm.exchange import allgather_bytes
 from longboat.horovod.torch import basics
 from longboat.horovod.torch.compression import Compression, Compressor
 from longboat.horovod.torch.negotiation import MB, ReduceOp, env_float
-from longboat.horovod.torch.ops import Average, ProcessSet, Sum, global_process_set
+from longboat.horovod.torch.ops import (
+    Average,
+    ProcessSet,
+    Sum,
+    global_process_set,
+    set_size,
+    synchronize,
+)
+from longboat.horovod.torch.sparse import sparse_allreduce_async
 from longboat.optim.extend import extend
 from longboat.strategy import Strategy
 
@@ -68,17 +77,17 @@ class _DistributedOptimizer:
     _hvd_strategy: Strategy
     _hvd_plan: BucketPlan | None
     _hvd_average: bool
+    _hvd_process_set: ProcessSet
+    _hvd_sparse: dict[str, tuple[torch.Tensor, Any]]  # sparse gradients in flight, by name
     backward_passes_per_step: int
 
     def _hvd_hook(self, name: str, sparse_as_dense: bool, param: torch.Tensor) -> None:
         grad = param.grad
         if grad is not None and grad.is_sparse:
-            if not sparse_as_dense:
-                raise ValueError(
-                    f"parameter {name!r} has a sparse gradient; longboat.horovod reduces dense "
-                    "gradients: pass hvd.DistributedOptimizer(..., sparse_as_dense=True)"
-                )
-            param.grad = grad.to_dense()
+            if sparse_as_dense:
+                param.grad = grad.to_dense()
+            else:
+                self._hvd_sparse_grad(name, param, grad)
         if self._hvd_in_pass:
             return
         if self._hvd_passes >= self.backward_passes_per_step:
@@ -87,6 +96,21 @@ class _DistributedOptimizer:
         torch.autograd.Variable._execution_engine.queue_callback(self._hvd_end_pass)
         last = self._hvd_passes + 1 == self.backward_passes_per_step
         self._hvd_reducer.prepare(sync=last, divisor=self._hvd_divisor)
+
+    def _hvd_sparse_grad(self, name: str, param: torch.Tensor, grad: torch.Tensor) -> None:
+        """Horovod's sparse path: allgather the indices and values (``sparse_allreduce_async``);
+        the fused bucket carries zeros in this parameter's slot meanwhile."""
+        if self.backward_passes_per_step > 1:
+            raise NotImplementedError(
+                f"parameter {name!r} has a sparse gradient: with backward_passes_per_step > 1 "
+                "longboat.horovod needs hvd.DistributedOptimizer(..., sparse_as_dense=True)"
+            )
+        if name in self._hvd_sparse:
+            raise AssertionError(_MORE_PASSES)
+        op = Average if self._hvd_average else Sum
+        handle = sparse_allreduce_async(grad, name, op, self._hvd_process_set)
+        self._hvd_sparse[name] = (param, handle)
+        param.grad = torch.zeros(grad.shape, dtype=grad.dtype, device=grad.device)
 
     def _hvd_end_pass(self) -> None:
         self._hvd_passes += 1
@@ -100,6 +124,9 @@ class _DistributedOptimizer:
             reducer.flush()
         self._hvd_passes = 0
         self._hvd_synchronized = True
+        pending, self._hvd_sparse = self._hvd_sparse, {}
+        for param, handle in pending.values():
+            param.grad = synchronize(handle)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -120,15 +147,12 @@ class _DistributedOptimizer:
         accumulation is dropped (the state is restored or synced after this).
         """
         self._hvd_reducer.remove_hooks()
-        _check_same_everywhere(self._hvd_named)
-        reducer, compressors = build_reducer(
-            self._hvd_named,
-            self._hvd_strategy,
-            self,  # type: ignore[arg-type]
-            self._hvd_plan,
+        reducer, compressors, world = _reducer(
+            self._hvd_named, self._hvd_strategy, self, self._hvd_plan, self._hvd_process_set
         )
         self._hvd_reducer, self._hvd_compressors = reducer, compressors
-        self._hvd_divisor = float(basics.size() if self._hvd_average else 1)
+        self._hvd_divisor = float(world if self._hvd_average else 1)
+        self._hvd_sparse = {}
         self._hvd_passes = 0
         self._hvd_in_pass = False
         self._hvd_synchronized = False
@@ -153,6 +177,23 @@ class _DistributedOptimizer:
         super().zero_grad(set_to_none)  # type: ignore[misc]
 
 
+class _OutsideSet:
+    """A DistributedOptimizer on a rank outside its process set: as in Horovod, nothing is
+    reduced there (no hooks); ``step()`` is the wrapped optimizer's own."""
+
+    backward_passes_per_step: int
+
+    def synchronize(self) -> None:
+        """Nothing to wait for outside the process set."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        yield
+
+    def rebuild(self) -> None:
+        """Nothing to move: this rank reduces no gradients."""
+
+
 def local_step(optimizer: torch.optim.Optimizer) -> Any:
     """The wrapped optimizer's own ``step`` (no synchronize), or ``optimizer.step``."""
     if isinstance(optimizer, _DistributedOptimizer):
@@ -173,9 +214,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     process_set: ProcessSet = global_process_set,
 ) -> torch.optim.Optimizer:
     """Make ``optimizer`` average gradients across ranks (in place; returns it)."""
-    world = basics.size()  # ValueError before hvd.init(), as Horovod
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError("longboat.horovod runs on all ranks: pass no process_set")
+    basics.size()  # ValueError before hvd.init(), as Horovod
+    outside = process_set is not None and process_set is not global_process_set
+    if outside and process_set.included() is False:
+        return extend(
+            optimizer,
+            _OutsideSet,
+            "",
+            backward_passes_per_step=int(backward_passes_per_step),
+        )
+    set_size(process_set)  # ValueError for a set that is not registered
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a hvd.DistributedOptimizer")
     op = ReduceOp(int(op))
@@ -199,7 +247,6 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         warnings.warn("num_groups is deprecated; use groups", DeprecationWarning, stacklevel=2)
         groups = groups or num_groups
     named = _named(optimizer, named_parameters)
-    _check_same_everywhere(named)
     strategy = _strategy(compression)
     plan = _explicit_plan(named, groups) if groups else None
     if plan is not None:  # Horovod's groups have always run without the one-in-flight chain
@@ -212,7 +259,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     ]
     # the core's reducer and its compressors; with Horovod's ``groups``, over that plan
     try:
-        reducer, compressors = build_reducer(named, strategy, optimizer, plan)
+        reducer, compressors, world = _reducer(named, strategy, optimizer, plan, process_set)
     except BaseException:
         for hook in hooks:
             hook.remove()
@@ -234,6 +281,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         _hvd_strategy=strategy,
         _hvd_plan=plan,
         _hvd_average=op == Average,
+        _hvd_process_set=process_set,
+        _hvd_sparse={},
     )
     _live[:] = [ref for ref in _live if ref() is not None]
     _live.append(weakref.ref(extended))
@@ -285,10 +334,32 @@ def _named(
     return chosen
 
 
-def _check_same_everywhere(named: list[tuple[str, nn.Parameter]]) -> None:
+def _reducer(
+    named: list[tuple[str, nn.Parameter]],
+    strategy: Strategy,
+    optimizer: Any,
+    plan: BucketPlan | None,
+    process_set: ProcessSet | None,
+) -> tuple[Reducer, list[Any], int]:
+    """The core reducer over every rank, or over ``process_set``'s gradient group; with the
+    number of ranks it averages over. The parameters are checked first."""
+    if process_set is None or process_set is global_process_set:
+        _check_same_everywhere(named)
+        reducer, compressors = build_reducer(named, strategy, optimizer, plan)
+        return reducer, compressors, basics.size()
+    group = process_set.groups[2]
+    _check_same_everywhere(named, group)
+    comms = ([group], [algorithms.make("native", group)])
+    reducer, compressors = build_reducer(named, strategy, optimizer, plan, communicators=comms)
+    world = set_size(process_set)
+    reducer.world_size = world  # the core sizes it from the job; the set is smaller
+    return reducer, compressors, world
+
+
+def _check_same_everywhere(named: list[tuple[str, nn.Parameter]], group: Any = None) -> None:
     """Every rank must reduce the same names, shapes and dtypes, in the same order."""
     mine = [[n, list(p.shape), str(p.dtype).removeprefix("torch.")] for n, p in named]
-    everyone = [json.loads(b) for b in allgather_bytes(json.dumps(mine).encode())]
+    everyone = [json.loads(b) for b in allgather_bytes(json.dumps(mine).encode(), group)]
     for r, theirs in enumerate(everyone[1:], start=1):
         if theirs == everyone[0]:
             continue

@@ -11,11 +11,10 @@ from typing import Any
 
 import torch
 
-from longboat.horovod.torch import basics
 from longboat.horovod.torch.compression import Compression, Compressor
 from longboat.horovod.torch.ops import (
     ProcessSet,
-    check_process_set,
+    controller,
     global_process_set,
     register,
     resolve_op,
@@ -25,14 +24,6 @@ from longboat.horovod.torch.ops import (
 from longboat.horovod.torch.requests import ALLREDUCE, ReduceOp, Work
 
 
-def check_scales(tensor: torch.Tensor, prescale: float, postscale: float) -> None:
-    """Scale factors need a floating-point tensor."""
-    if (prescale != 1.0 or postscale != 1.0) and not tensor.is_floating_point():
-        raise ValueError(
-            f"prescale_factor/postscale_factor need a floating-point tensor, got {tensor.dtype}"
-        )
-
-
 def _allreduce_work(
     tensor: torch.Tensor,
     output: torch.Tensor,
@@ -40,13 +31,14 @@ def _allreduce_work(
     op: ReduceOp,
     prescale: float,
     postscale: float,
+    process_set: ProcessSet | None,
 ) -> Work:
-    check_scales(tensor, prescale, postscale)
     return submit(
         ALLREDUCE,
         tensor,
         name,
         output,
+        process_set,
         op=int(op),
         prescale=float(prescale),
         postscale=float(postscale),
@@ -70,13 +62,13 @@ def _start_allreduce(
 ) -> int:
     """The four allreduce_async variants: ``tensors`` reduced into themselves (``in_place``)
     or into new tensors, as one op (``[tensor]``) or as one named group (``grouped``)."""
-    check_process_set(process_set)
     reduce_op = resolve_op(op, average, stacklevel=4)  # warn at the caller of *_async(_)
     outputs = tensors if in_place else [_fresh(t) for t in tensors]
     if grouped:
-        works = _grouped_works(tensors, outputs, name, reduce_op, pre, post)
+        works = _grouped_works(tensors, outputs, name, reduce_op, pre, post, process_set)
         return register(works, grouped=True)
-    return register([_allreduce_work(tensors[0], outputs[0], name, reduce_op, pre, post)])
+    work = _allreduce_work(tensors[0], outputs[0], name, reduce_op, pre, post, process_set)
+    return register([work])
 
 
 # -- allreduce ------------------------------------------------------------------------------
@@ -152,14 +144,21 @@ class _Allreduce(torch.autograd.Function):
         op: ReduceOp,
         pre: float,
         post: float,
+        process_set: ProcessSet,
     ) -> torch.Tensor:
-        ctx.op, ctx.pre, ctx.post = op, pre, post
-        return synchronize(allreduce_async(tensor, None, name, op, pre, post))
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, pre, post, process_set
+        return synchronize(allreduce_async(tensor, None, name, op, pre, post, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        reduced = allreduce(grad, op=ctx.op, prescale_factor=ctx.pre, postscale_factor=ctx.post)
-        return reduced, None, None, None, None
+        reduced = allreduce(
+            grad,
+            op=ctx.op,
+            prescale_factor=ctx.pre,
+            postscale_factor=ctx.post,
+            process_set=ctx.process_set,
+        )
+        return reduced, None, None, None, None, None
 
 
 def allreduce(
@@ -173,10 +172,11 @@ def allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """``tensor`` reduced across ranks (a new tensor; differentiable)."""
-    check_process_set(process_set)
     reduce_op = resolve_op(op, average)
     compressed, ctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, name, reduce_op, prescale_factor, postscale_factor)
+    reduced = _Allreduce.apply(
+        compressed, name, reduce_op, prescale_factor, postscale_factor, process_set
+    )
     return compression.decompress(reduced, ctx)
 
 
@@ -190,12 +190,13 @@ def _grouped_works(
     op: ReduceOp,
     pre: float,
     post: float,
+    process_set: ProcessSet | None,
 ) -> list[Work]:
     if not tensors:
         raise ValueError("grouped allreduce needs at least one tensor")
-    base = basics.controller().name_for("grouped_allreduce", name)
+    base = controller(process_set).name_for("grouped_allreduce", name)
     return [
-        _allreduce_work(t, o, f"{base}.{i}", op, pre, post)
+        _allreduce_work(t, o, f"{base}.{i}", op, pre, post, process_set)
         for i, (t, o) in enumerate(zip(tensors, outputs, strict=True))
     ]
 
@@ -271,17 +272,23 @@ class _GroupedAllreduce(torch.autograd.Function):
         op: ReduceOp,
         pre: float,
         post: float,
+        process_set: ProcessSet,
         *tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        ctx.op, ctx.pre, ctx.post = op, pre, post
-        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, pre, post)))
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, pre, post, process_set
+        handle = grouped_allreduce_async(list(tensors), None, name, op, pre, post, process_set)
+        return tuple(synchronize(handle))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         reduced = grouped_allreduce(
-            list(grads), op=ctx.op, prescale_factor=ctx.pre, postscale_factor=ctx.post
+            list(grads),
+            op=ctx.op,
+            prescale_factor=ctx.pre,
+            postscale_factor=ctx.post,
+            process_set=ctx.process_set,
         )
-        return (None, None, None, None, *reduced)
+        return (None, None, None, None, None, *reduced)
 
 
 def grouped_allreduce(
@@ -295,10 +302,9 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """Each tensor reduced across ranks, negotiated and fused as one group (differentiable)."""
-    check_process_set(process_set)
     reduce_op = resolve_op(op, average)
     packed = [compression.compress(t) for t in tensors]
     reduced = _GroupedAllreduce.apply(
-        name, reduce_op, prescale_factor, postscale_factor, *(t for t, _ in packed)
+        name, reduce_op, prescale_factor, postscale_factor, process_set, *(t for t, _ in packed)
     )
     return [compression.decompress(t, c) for t, (_, c) in zip(reduced, packed, strict=True)]

@@ -97,6 +97,7 @@ class Work:
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
+        self.owner: Any = None  # the negotiation it was submitted to
 
     def finish(self, result: Any) -> None:
         """Deliver ``result`` to the waiter."""
@@ -154,6 +155,24 @@ def mismatch(name: str, requests: dict[int, Request]) -> str | None:
                 "rename one of them or fix the tensor"
             )
     return None
+
+
+_WITH_JOIN = {
+    ALLGATHER: "Allgather is not supported with Join at this time. Specify sparse_as_dense=True "
+    "if using DistributedOptimizer",
+    BROADCAST: "Broadcast is not supported with Join at this time",
+    ALLTOALL: "Alltoall is not supported with Join at this time",
+    REDUCESCATTER: "Reducescatter is not supported with Join at this time",
+}
+
+
+def join_error(name: str, kind: str, joined: Sequence[int]) -> str | None:
+    """Horovod's refusal of ``kind`` while ranks ``joined`` have joined (allreduce and barrier
+    go on: a joined rank contributes zeros to an allreduce)."""
+    reason = _WITH_JOIN.get(kind)
+    if reason is None or not joined:
+        return None
+    return f"{reason} ({kind.lower()} {name!r}; ranks {sorted(joined)} have called hvd.join())"
 
 
 @dataclass
