@@ -1,0 +1,1 @@
+"""Small reference models for benchmarks and examples (``longboat.models.ctr``)."""
