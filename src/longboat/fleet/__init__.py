@@ -42,6 +42,15 @@ save_persistables = fleet.save_persistables
 load_persistables = fleet.load_persistables
 load_model = fleet.load_model
 
+
+def shrink(threshold: object = None) -> dict[str, int]:
+    """``fleet.shrink()``: end a pass of the lazy sparse tables (``lb.ps.shrink``); each
+    table's ``evict_after`` decides what is dropped (``threshold`` is not used)."""
+    from longboat.ps.table_admin import shrink as end_pass
+
+    return end_pass()
+
+
 __all__ = [
     "PERSISTABLES",
     "DistributedOptimizer",
@@ -70,6 +79,7 @@ __all__ = [
     "server_endpoints",
     "server_index",
     "server_num",
+    "shrink",
     "stop_worker",
     "worker_endpoints",
     "worker_index",

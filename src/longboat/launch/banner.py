@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
+
 from rich.console import Console
 from rich.table import Table
 
@@ -49,3 +52,41 @@ def print_banner(
 ) -> None:
     console.print(configuration_block(spec, master, node_ip), markup=False, highlight=False)
     console.print(envs_table(rows))
+
+
+def servers_table(servers: list[str]) -> Table:
+    """Every parameter server of the job: its index and endpoint."""
+    return envs_table(
+        [{"server": str(i), "endpoint": ep} for i, ep in enumerate(servers)],
+        title="Parameter servers of the job",
+    )
+
+
+def print_job_servers_later(master: str, timeout: float, console: Console) -> None:
+    """Multi-node PS: once the ranks have gathered the job-wide layout (through the rendezvous
+    store on ``master``), print every server endpoint of the job; a note if it never comes."""
+
+    def show() -> None:
+        from longboat.launch import ps_layout
+
+        try:
+            import torch.distributed as dist
+
+            host, _, port = master.rpartition(":")
+            store = dist.PrefixStore(
+                ps_layout.PREFIX,
+                dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout)),
+            )
+            store.wait([ps_layout.SERVERS_KEY])
+            servers = store.get(ps_layout.SERVERS_KEY).decode().split(",")
+        except Exception as exc:  # the job may end (or fail) first: the banner is optional
+            console.print(
+                "longboat launch: could not read the job's server list from the rendezvous "
+                f"store on {master} (waited at most {timeout:.0f}s: {type(exc).__name__}); "
+                "each rank's environment has it as PADDLE_PSERVERS_IP_PORT_LIST",
+                markup=False,
+            )
+            return
+        console.print(servers_table(servers))
+
+    threading.Thread(target=show, name="longboat-ps-banner", daemon=True).start()

@@ -21,13 +21,14 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from longboat.launch import ps_layout
 from longboat.launch.rank_env import rank_env
 from longboat.launch.roles import num_servers, role_of
 
 _SERVER_GRACE_S = 2.0
 
 
-def _agent_store(timeout: float) -> Any:
+def _agent_store(timeout: float, prefix: str | None = None) -> Any:
     """The elastic agent's store (imports torch: only multi-node and PS runs need it); in an
     elastic job, the current round's namespace of the rendezvous store."""
     import torch.distributed as dist
@@ -46,7 +47,7 @@ def _agent_store(timeout: float) -> Any:
         timeout=timedelta(seconds=timeout),
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"/longboat-launch/attempt_{attempt}", store)
+    return dist.PrefixStore(prefix or f"/longboat-launch/attempt_{attempt}", store)
 
 
 def _gather_endpoints(store: Any, mine: str, world: int) -> list[str]:
@@ -55,6 +56,24 @@ def _gather_endpoints(store: Any, mine: str, world: int) -> list[str]:
     keys = [f"endpoint/{r}" for r in range(world)]
     store.wait(keys)
     return [store.get(k).decode() for k in keys]
+
+
+LOCAL_SERVERS_ENV = "LONGBOAT_LOCAL_SERVERS"
+
+
+def _ps_layout(store: Any, world: int, timeout: float) -> tuple[list[str], int]:
+    """Multi-node PS: gather every rank's role; renumber this rank in the job-wide layout
+    (servers first) and export the job's server count. Returns (endpoints, servers)."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    host = os.environ.get("LONGBOAT_HOST_IP", "127.0.0.1")
+    mine = f"{host}:{os.environ['LONGBOAT_ENDPOINT_PORTS'].split(',')[local_rank]}"
+    # read once and dropped: the script's Strategy checks know only the job-wide variables
+    role = ps_layout.local_role(local_rank, int(os.environ.pop(LOCAL_SERVERS_ENV)))
+    layout = ps_layout.gather(store, int(os.environ["RANK"]), world, role, mine, timeout)
+    if role == "trainer" and layout.index == 0:  # for the launchers' banners
+        store.set(ps_layout.SERVERS_KEY, ",".join(layout.servers))
+    os.environ.update(RANK=str(layout.rank), LONGBOAT_NUM_SERVERS=str(len(layout.servers)))
+    return layout.endpoints, len(layout.servers)
 
 
 def _wait_for_servers(endpoints: list[str], timeout: float) -> None:
@@ -147,9 +166,13 @@ def _main(argv: list[str]) -> None:
     world = int(os.environ["WORLD_SIZE"])
     servers = num_servers(os.environ)
     elastic = bool(os.environ.get("LONGBOAT_ELASTIC_DIR"))
+    multinode_ps = LOCAL_SERVERS_ENV in os.environ
     gather = servers or not (elastic or "LONGBOAT_ALL_ENDPOINTS" in os.environ)
-    store = _agent_store(timeout) if gather else None
-    if elastic:  # ranks come and go: only this rank's own endpoint is known for sure
+    store = _agent_store(timeout) if gather and not multinode_ps else None
+    if multinode_ps:  # servers and trainers on several nodes: the job-wide layout
+        store = _agent_store(timeout, ps_layout.PREFIX)
+        endpoints, servers = _ps_layout(store, world, timeout)
+    elif elastic:  # ranks come and go: only this rank's own endpoint is known for sure
         mine = f"{os.environ.get('LONGBOAT_HOST_IP', '127.0.0.1')}:"
         mine += os.environ["LONGBOAT_ENDPOINT_PORTS"].split(",")[int(os.environ["LOCAL_RANK"])]
         endpoints = [mine if r == int(os.environ["RANK"]) else "" for r in range(world)]

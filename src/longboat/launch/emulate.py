@@ -103,6 +103,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_PORT,
         help="rendezvous port on node 0 (elastic runs: on the bridge, hosted by emulate)",
     )
+    ps = parser.add_argument_group(
+        "parameter-server runs",
+        "--server-nodes K --servers S --workers W: the first K nodes run only servers (S spread "
+        "evenly), the other nodes only trainers (W spread evenly); replaces --nproc-per-node",
+    )
+    ps.add_argument(
+        "--server-nodes", type=int, default=None, metavar="K", help="nodes that run only servers"
+    )
+    ps.add_argument("--servers", type=int, default=None, metavar="S", help="servers in the job")
+    ps.add_argument("--workers", type=int, default=None, metavar="W", help="trainers in the job")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="static runs: each node's launcher restarts its ranks up to this many times",
+    )
     elastic = parser.add_argument_group(
         "elastic runs and faults",
         "Any of these makes the run elastic: launchers get --nnodes MIN:MAX (MAX = --nodes plus "
@@ -232,7 +248,11 @@ def _prepare(args: argparse.Namespace) -> tuple[Plan, FaultPlan]:
         raise EmulateError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if not 1 <= args.master_port <= 65535:
         raise EmulateError(f"--master-port {args.master_port} is not a TCP port (1-65535)")
+    if getattr(args, "max_restarts", 0) < 0:
+        raise EmulateError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     schedule = fault_plan(args)
+    if ps_roles(args) is not None and schedule.elastic:
+        raise EmulateError("parameter-server runs are static: drop --min-nodes and the faults")
     rate = netns.parse_rate(args.bandwidth)
     latency = netns.parse_latency(args.latency) if args.latency else None
     plan = netns.make_plan(
@@ -264,6 +284,7 @@ def _run_plan(
     schedule = schedule or FaultPlan(nodes=len(plan.nodes))
     command = node_command or launcher_command
     log_dir = Path(args.log_dir or Path(tempfile.gettempdir()) / f"longboat-emulate-{plan.run_id}")
+    token_file = _ps_token_file(args, log_dir)
     runs: list[_NodeRun] = []
     store: Any = None
     with _signals_raise():
@@ -285,7 +306,7 @@ def _run_plan(
                 )
 
             def start(node: Node) -> _NodeRun:
-                return _start_node(plan, node, args, log_dir, command, master)
+                return _start_node(plan, node, args, log_dir, command, master, token_file)
 
             for node in plan.initial_nodes:
                 runs.append(start(node))
@@ -303,6 +324,18 @@ def _run_plan(
                 netns.teardown(plan)
                 _log.info("removed namespaces, veths and bridge of run %s", plan.run_id)
                 del store  # the rendezvous store lives until every node is gone
+
+
+def _ps_token_file(args: argparse.Namespace, log_dir: Path) -> str | None:
+    """A parameter-server run without a token of the user's: one fresh 0600 token file that
+    every emulated node reads (they share this machine's filesystem)."""
+    if ps_roles(args) is None or os.environ.get("LONGBOAT_PS_TOKEN"):
+        return None
+    if os.environ.get("LONGBOAT_PS_TOKEN_FILE"):
+        return None
+    from longboat.ps.auth import job_token_file
+
+    return job_token_file(log_dir)
 
 
 def _host_store(plan: Plan, port: int) -> tuple[Any, int]:
@@ -367,8 +400,8 @@ def launcher_command(
         "launch",
         "--nnodes",
         *_node_count(plan, node, args),
-        "--nproc-per-node",
-        str(args.nproc_per_node),
+        *_procs(args, node),
+        *(["--max-restarts", str(args.max_restarts)] if getattr(args, "max_restarts", 0) else []),
         "--master",
         master,
         "--log-dir",
@@ -376,6 +409,40 @@ def launcher_command(
         args.script,
         *_script_args(args.script_args),
     ]
+
+
+def ps_roles(args: argparse.Namespace) -> list[tuple[int, int]] | None:
+    """``(servers, workers)`` of each node of a parameter-server run, None otherwise."""
+    given = [getattr(args, k, None) for k in ("server_nodes", "servers", "workers")]
+    if all(v is None for v in given):
+        return None
+    if any(v is None for v in given):
+        raise EmulateError(
+            "a parameter-server run needs all of --server-nodes, --servers and --workers"
+        )
+    k, servers, workers = given
+    trainer_nodes = args.nodes - k
+    if not 1 <= k < args.nodes:
+        raise EmulateError(
+            f"--server-nodes {k}: give 1..{args.nodes - 1}, so that at least one of the "
+            f"--nodes {args.nodes} nodes runs trainers"
+        )
+    for flag, count, nodes in (("--servers", servers, k), ("--workers", workers, trainer_nodes)):
+        if count < nodes or count % nodes:
+            raise EmulateError(
+                f"{flag} {count} does not spread evenly over {nodes} node(s): give a multiple "
+                f"of {nodes} (at least one per node)"
+            )
+    return [(servers // k, 0)] * k + [(0, workers // trainer_nodes)] * trainer_nodes
+
+
+def _procs(args: argparse.Namespace, node: Node) -> list[str]:
+    """``--nproc-per-node P``, or a parameter-server node's ``--servers s --workers w``."""
+    roles = ps_roles(args)
+    if roles is None:
+        return ["--nproc-per-node", str(args.nproc_per_node)]
+    servers, workers = roles[node.index]
+    return ["--servers", str(servers), "--workers", str(workers)]
 
 
 def _default_master(plan: Plan, args: argparse.Namespace) -> str:
@@ -479,12 +546,16 @@ def _start_node(
     log_dir: Path,
     command: NodeCommand | None = None,
     master: str | None = None,
+    token_file: str | None = None,
 ) -> _NodeRun:
     """Start the node's launcher in its namespace and its own process group."""
     argv = (command or launcher_command)(plan, node, args, log_dir, master=master)
+    env = node_env(plan, node)
+    if token_file:
+        env["LONGBOAT_PS_TOKEN_FILE"] = token_file
     proc = subprocess.Popen(
         ["ip", "netns", "exec", node.namespace, *argv],
-        env=node_env(plan, node),
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -7,6 +7,8 @@ import copy
 import os
 from dataclasses import dataclass, field
 
+from longboat.launch.ps_endpoints import NodeRoles, count_or_endpoints, node_roles
+
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -30,12 +32,23 @@ class LaunchSpec:
     tee_all: bool = False
     servers: int = 0
     workers: int = 0
+    ports: list[int] = field(default_factory=list)  # this node's ranks' ports, when listed
     timeout: float = 300.0
 
     @property
+    def ps(self) -> bool:
+        """Parameter-server mode: ``--servers``/``--workers`` given for this node."""
+        return bool(self.servers or self.workers)
+
+    @property
+    def multinode_ps(self) -> bool:
+        """Parameter-server roles spread over several nodes (job-wide layout gathered at start)."""
+        return self.ps and self.nnodes > 1
+
+    @property
     def local_procs(self) -> int:
-        """Processes this node starts (PS: servers + workers, on one node)."""
-        return self.servers + self.workers if self.servers else self.nproc_per_node
+        """Processes this node starts (PS: this node's servers + workers)."""
+        return self.servers + self.workers if self.ps else self.nproc_per_node
 
     @property
     def elastic(self) -> bool:
@@ -102,17 +115,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--servers",
         "--server-num",
         "--server_num",
-        type=int,
+        type=count_or_endpoints,
         default=0,
-        help="parameter-server mode: server processes",
+        help="parameter-server mode: server processes on this node (0 on a trainer-only node "
+        "of a multi-node job), or every server's ip:port (Paddle style: the same list on "
+        "every node; each node runs the entries with its own ip)",
     )
     procs.add_argument(
         "--workers",
         "--worker-num",
         "--worker_num",
-        type=int,
+        type=count_or_endpoints,
         default=0,
-        help="parameter-server mode: trainer processes",
+        help="parameter-server mode: trainer processes on this node (0 on a server-only node "
+        "of a multi-node job), or every trainer's ip:port (with --servers ip:port,...)",
     )
     cluster = p.add_argument_group("cluster")
     cluster.add_argument(
@@ -224,6 +240,7 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
         a.ips = a.ips or ",".join(host_ips) or None
     if nproc < 1:
         raise LaunchOptionError(f"--nproc-per-node must be >= 1, got {nproc}")
+    listed = _endpoint_lists(a)
     ips = [h.strip() for h in a.ips.split(",") if h.strip()] if a.ips else []
     min_nodes, nnodes = a.nnodes if a.nnodes else (None, max(1, len(ips)))
     if min_nodes is not None:
@@ -252,12 +269,12 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
         )
     if nnodes > 1 and port is None:
         raise LaunchOptionError("multi-node launch needs an explicit port: --master HOST:PORT")
-    if (a.servers > 0) != (a.workers > 0):
-        raise LaunchOptionError(
-            "parameter-server mode needs both --servers N and --workers M (>= 1)"
-        )
-    if a.servers and nnodes > 1:
-        raise LaunchOptionError("parameter-server roles run on one node for now; drop --nnodes")
+    fixed_ports: list[int] = []
+    if listed is not None:  # this node's entries of the lists
+        mine = ips[node_rank] if ips else "127.0.0.1"
+        a.servers, a.workers = listed.count(mine)
+        fixed_ports = listed.ports(mine)
+    _check_ps_roles(a.servers, a.workers, nnodes)
     if a.max_restarts < 0:
         raise LaunchOptionError(f"--max-restarts must be >= 0, got {a.max_restarts}")
     config = os.path.abspath(a.config) if a.config else None
@@ -288,11 +305,74 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
         tee_all=a.tee == "all",
         servers=a.servers,
         workers=a.workers,
+        ports=fixed_ports,
         timeout=a.timeout,
     )
 
 
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+TOKEN_HOWTO = (
+    "create one and give it to every node, e.g. `python -c 'import secrets; "
+    "print(secrets.token_urlsafe(32))' > ps.token && chmod 600 ps.token` on a filesystem every "
+    "node reads, then LONGBOAT_PS_TOKEN_FILE=$PWD/ps.token (or export LONGBOAT_PS_TOKEN=...)"
+)
+
+
+def _endpoint_lists(a: argparse.Namespace) -> NodeRoles | None:
+    """Paddle's ``--servers ip:port,... --workers ip:port,...``: the lists by node (their nodes
+    become ``--ips``); None when counts were given."""
+    lists = [isinstance(v, list) for v in (a.servers, a.workers)]
+    if not any(lists):
+        return None
+    if not all(lists):
+        raise LaunchOptionError(
+            "give --servers and --workers both as counts or both as ip:port lists"
+        )
+    if a.ips or a.nnodes or a.node_rank is not None or a.num_proc or a.hosts:
+        raise LaunchOptionError(
+            "--servers/--workers ip:port lists name the nodes: drop --ips/--nnodes/--node-rank"
+        )
+    servers, workers = a.servers, a.workers
+    if all(h in _LOCAL_HOSTS for h, _ in servers + workers):  # one machine: every entry is ours
+        servers = [("127.0.0.1", port) for _, port in servers]
+        workers = [("127.0.0.1", port) for _, port in workers]
+    try:
+        roles = node_roles(servers, workers)
+    except ValueError as exc:
+        raise LaunchOptionError(str(exc)) from None
+    a.ips = None if roles.nodes == ["127.0.0.1"] else ",".join(roles.nodes)
+    return roles
+
+
+def _check_ps_roles(servers: int, workers: int, nnodes: int) -> None:
+    """``--servers``/``--workers``: counts on this node; one node needs both, several nodes
+    need a job token every node shares (the job-wide counts are checked at start-up)."""
+    if servers < 0 or workers < 0:
+        raise LaunchOptionError(f"--servers {servers} --workers {workers}: counts must be >= 0")
+    if not (servers or workers):
+        return
+    if nnodes == 1 and not (servers and workers):
+        raise LaunchOptionError(
+            "parameter-server mode needs both --servers N and --workers M (>= 1) on one node; "
+            "on several nodes (--nnodes) a node may run only servers or only trainers"
+        )
+    if nnodes > 1 and not (
+        os.environ.get("LONGBOAT_PS_TOKEN") or os.environ.get("LONGBOAT_PS_TOKEN_FILE")
+    ):
+        raise LaunchOptionError(
+            "parameter-server mode on several nodes needs the same job token on every node: "
+            "set LONGBOAT_PS_TOKEN or LONGBOAT_PS_TOKEN_FILE before `longboat launch`; "
+            + TOKEN_HOWTO
+        )
+    path = os.environ.get("LONGBOAT_PS_TOKEN_FILE")
+    if nnodes > 1 and path and not os.environ.get("LONGBOAT_PS_TOKEN"):
+        from longboat.ps.auth import AuthError, load_token
+
+        try:
+            load_token({"LONGBOAT_PS_TOKEN_FILE": path})
+        except (AuthError, OSError) as exc:
+            raise LaunchOptionError(f"LONGBOAT_PS_TOKEN_FILE: {exc}") from None
 
 
 def _horovodrun_hosts(
@@ -457,7 +537,7 @@ def _check_elastic(a: argparse.Namespace, min_nodes: int, max_nodes: int) -> Non
             f"--nnodes {min_nodes}:{max_nodes} is elastic: the rendezvous numbers the nodes, "
             "so drop --node-rank/--ips"
         )
-    if a.servers:
+    if a.servers or a.workers:
         raise LaunchOptionError(
             "parameter-server roles are not elastic: drop --nnodes MIN:MAX or --servers"
         )

@@ -20,7 +20,7 @@ from torch.distributed.launcher.api import LaunchConfig
 
 from longboat.launch import options, rendezvous
 from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
-from longboat.launch.banner import print_banner
+from longboat.launch.banner import print_banner, print_job_servers_later
 from longboat.launch.elastic_agent import ElasticAgent, MembershipChange, elastic_directory
 from longboat.launch.log_lock import LogDirBusyError, claim_log_dir
 from longboat.launch.logs import WorkerLogs, log_name
@@ -76,11 +76,12 @@ def launch(spec: LaunchSpec, console: Console) -> int:
 def _launch(spec: LaunchSpec, console: Console, started: float, host: str, explicit: bool) -> int:
     quiet_torch_logging()
     my_ip = "127.0.0.1" if host in ("127.0.0.1", "localhost") else local_ip_towards(host)
-    ports = [
+    ports = spec.ports or [
         free_port(my_ip if my_ip != "127.0.0.1" else "127.0.0.1") for _ in range(spec.local_procs)
     ]
     env = _rank_env(spec, my_ip, ports)
     run_id = _run_id(spec)
+    logs = _logs(spec)
 
     def on_restart(restart: Restart) -> None:
         console.print(restart_line(restart), markup=False, soft_wrap=True)
@@ -94,9 +95,11 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
             master = f"{host}:{port}"
             if attempt == 1:
                 print_banner(spec, master, my_ip, _rows(spec, my_ip, ports), console)
+                if spec.multinode_ps:
+                    print_job_servers_later(master, spec.timeout, console)
             try:
                 run_agent(
-                    _config(spec, master, run_id),
+                    _config(spec, master, run_id, logs),
                     sys.executable,
                     _bootstrap_args(spec),
                     on_restart,
@@ -119,7 +122,7 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
                     return 1
             except GroupFailedError as exc:
                 summary = failure_summary(
-                    exc.report, spec.log_dir, socket.gethostname(), spec.servers
+                    exc.report, spec.log_dir, socket.gethostname(), spec.servers, logs.names
                 )
                 console.print(summary, markup=False, soft_wrap=True)
                 return 1
@@ -161,7 +164,13 @@ def _run_id(spec: LaunchSpec) -> str:
     return f"longboat-{uuid.uuid4().hex[:10]}"
 
 
-def _config(spec: LaunchSpec, master: str, run_id: str) -> LaunchConfig:
+def _logs(spec: LaunchSpec) -> WorkerLogs:
+    """Where each rank logs (multi-node PS: named by this node's own role numbers)."""
+    local_servers = spec.servers if spec.multinode_ps else None
+    return WorkerLogs(spec.log_dir, _TeeRanks(spec), spec.servers, local_servers=local_servers)
+
+
+def _config(spec: LaunchSpec, master: str, run_id: str, logs: WorkerLogs) -> LaunchConfig:
     return LaunchConfig(
         min_nodes=spec.min_nodes or spec.nnodes,
         max_nodes=spec.nnodes,
@@ -178,7 +187,7 @@ def _config(spec: LaunchSpec, master: str, run_id: str) -> LaunchConfig:
         max_restarts=spec.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
-        logs_specs=WorkerLogs(spec.log_dir, _TeeRanks(spec), spec.servers),
+        logs_specs=logs,
         log_line_prefix_template="[rank ${rank}] ",
         shutdown_timeout=_SHUTDOWN_GRACE_S,
     )
@@ -235,7 +244,9 @@ def _rank_env(spec: LaunchSpec, my_ip: str, ports: list[int]) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.devices)
     if spec.config:
         env["LONGBOAT_CONFIG"] = spec.config
-    if spec.servers:
+    if spec.multinode_ps:  # the job-wide layout is gathered by the ranks at start-up
+        env["LONGBOAT_LOCAL_SERVERS"] = str(spec.servers)
+    elif spec.servers:
         env["LONGBOAT_NUM_SERVERS"] = str(spec.servers)
         if not (os.environ.get("LONGBOAT_PS_TOKEN") or os.environ.get("LONGBOAT_PS_TOKEN_FILE")):
             from longboat.ps.auth import job_token_file  # a fresh token per job, 0600 file
@@ -264,13 +275,19 @@ def _rows(spec: LaunchSpec, my_ip: str, ports: list[int]) -> list[dict[str, str]
     for local in range(spec.local_procs):
         rank = spec.node_rank * spec.local_procs + local
         role, index = role_of(rank, spec.servers)
+        log = log_name(rank, spec.servers)
+        if spec.multinode_ps:  # job-wide numbers are known once every node has started
+            role, index = role_of(local, spec.servers)
+            log = log_name(local, spec.servers)
         row = {
-            "rank": str(rank),
+            "rank": "?" if spec.multinode_ps else str(rank),
             "local rank": str(local),
-            "role": f"{role} {index}" if spec.servers else "trainer",
+            "role": f"{role} {'local ' if spec.multinode_ps else ''}{index}"
+            if spec.ps
+            else "trainer",
             "endpoint": f"{my_ip}:{ports[local]}",
             "device": spec.devices[local] if spec.devices else "cpu/auto",
-            "log": os.path.join(spec.log_dir, log_name(rank, spec.servers)),
+            "log": os.path.join(spec.log_dir, log),
         }
         rows.append(row)
     return rows

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from longboat.launch.elastic_agent import MembershipChange
 from longboat.launch.exits import GroupFailure, stopped_ranks
-from longboat.launch.logs import log_name
+from longboat.launch.logs import log_name as _log_name
 from longboat.launch.supervisor import Restart
 from longboat.trace.stall import STALL_EXIT_CODE
 
@@ -17,10 +18,21 @@ _BLOCK = 1 << 16
 STALL_SCAN_BYTES = 8 << 20
 
 
-def failure_summary(report: GroupFailure, log_dir: str, host: str, servers: int = 0) -> str:
+def failure_summary(
+    report: GroupFailure,
+    log_dir: str,
+    host: str,
+    servers: int = 0,
+    names: Mapping[int, str] | None = None,
+) -> str:
     """The first failed rank and how it ended, the later ones, the ranks the launcher stopped,
     the last stall report of each failed rank that logged one (a rank the stall inspector shut
-    down, or one whose wait the job timeout ended), and the first rank's log tail."""
+    down, or one whose wait the job timeout ended), and the first rank's log tail. ``names``:
+    each rank's log file name where it is not ``log_name(rank, servers)``."""
+
+    def log_name(rank: int, servers: int) -> str:
+        return names[rank] if names and rank in names else _log_name(rank, servers)
+
     first = report.first
     lines = [f"longboat launch: rank {first.rank} {first.how()} on host {host}"]
     later = [f"rank {c.rank} {c.how()}" for c in report.causes[1:]]

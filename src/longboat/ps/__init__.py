@@ -21,6 +21,8 @@ _EXPORTS: dict[str, str] = {
     "SparseEmbedding": "longboat.ps.sparse",
     "distribute": "longboat.ps.engine",
     "save": "longboat.ps.engine",
+    "shrink": "longboat.ps.table_admin",
+    "table_stats": "longboat.ps.table_admin",
     "current": "longboat.ps.engine",
     "PSConfig": "longboat.ps.engine",
     "PSError": "longboat.ps.client",

@@ -51,3 +51,22 @@ def load(directory: str | Path, index: int, step: int | None = None) -> dict[str
             f"no checkpoint of server {index} at step {step} in {directory} (have: {steps})"
         )
     return load_checkpoint(path_for(directory, index, step))
+
+
+def rows_path(directory: str | Path, index: int, step: int, table: int) -> Path:
+    """The chunked row file of the ``table``-th lazy table in server ``index``'s checkpoint."""
+    return Path(directory) / f"server{index}-step{step}.table{table}.rows"
+
+
+def save_streaming(directory: str | Path, index: int, step: int, server: Any) -> Path:
+    """``save`` of a ``ServerState``: its lazy tables stream their rows to ``rows_path`` files
+    (chunks, never a copy of the table) written before the checkpoint that names them; row
+    files of steps no longer kept are removed."""
+    state = server.state_dict(lambda k: rows_path(directory, index, step, k))
+    path = save(directory, index, step, state)
+    kept = set(steps_saved(directory, index))
+    for p in Path(directory).glob(f"server{index}-step*.table*.rows"):
+        m = re.search(r"server(\d+)-step(\d+)\.table\d+\.rows$", p.name)
+        if m and int(m.group(1)) == index and int(m.group(2)) not in kept:
+            p.unlink(missing_ok=True)
+    return path

@@ -62,6 +62,11 @@ def channel_options(max_bytes: int) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", max_bytes),
         ("grpc.max_receive_message_length", max_bytes),
         ("grpc.enable_http_proxy", 0),
+        # a restarted server is found again within about a second, not after gRPC's
+        # exponential back-off (up to two minutes)
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 1000),
     ]
 
 

@@ -29,6 +29,9 @@ class PSConfig:
     overlap: bool = True
     min_block_size: int = DEFAULT_MIN_BLOCK_SIZE
     bucket_bytes: int = 1 << 20
+    #: sync: steps of pushed gradients kept to replay after a server restarts from its
+    #: checkpoint (0: off; default twice ``LONGBOAT_PS_CHECKPOINT_EVERY``)
+    recovery_window: int = 0
 
     @classmethod
     def from_strategy(cls, strategy: Any, **overrides: Any) -> PSConfig:
@@ -52,8 +55,17 @@ class PSConfig:
             max_merge=int(c["max_merge_var_num"]),
             queue_size=int(c["send_queue_size"]),
             wait_times=int(c["send_wait_times"]),
+            recovery_window=2 * checkpoint_every() if mode == "sync" else 0,
         )
         return replace(cfg, **overrides)
+
+
+def checkpoint_every(env: Mapping[str, str] | None = None) -> int:
+    """The servers' checkpoint period (``LONGBOAT_PS_CHECKPOINT_EVERY``, 0: none), which the
+    launcher gives every rank of the job."""
+    env = os.environ if env is None else env
+    text = env.get("LONGBOAT_PS_CHECKPOINT_EVERY", "").strip()
+    return int(text) if text.isdigit() else 0
 
 
 def cluster_from_env(env: Mapping[str, str] | None = None) -> tuple[list[str], int, int]:

@@ -24,6 +24,7 @@ from longboat.ps.config import PSConfig, cluster_from_env
 from longboat.ps.optim import describe_torch_optimizer
 from longboat.ps.params import DenseParams, part
 from longboat.ps.plan import make_plan
+from longboat.ps.recovery import Recovery
 from longboat.ps.request import DROPPED
 from longboat.ps.sparse import SparseEmbedding, SparseLookups
 from longboat.ps.wire import Message
@@ -91,6 +92,7 @@ class PSEngine:
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.tables = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
         self.step_no = 0
+        self.recovery: Recovery | None = None
         self._restores = 0
         self.closed = False  # close() ran
         self.trace = None  # the timeline's PSObserver (Strategy.timeline)
@@ -145,9 +147,18 @@ class PSEngine:
             lambda: self.step_no, self._waiting, self._local_step,
         )  # fmt: skip
         self.mode = mode(ctx)
+        self.recovery = self._make_recovery()
         self.sparse.attach()
         # model.state_dict() (torch.save after the last step) waits for the pulls in flight
         self._state_hook = self.model.register_state_dict_pre_hook(self._before_state_dict)
+
+    def _make_recovery(self) -> Recovery | None:
+        """The replay log of a sync trainer whose servers checkpoint periodically (only the
+        dense parameters are replayed: jobs with sparse tables restore by hand)."""
+        replayable = self.cfg.mode == "sync" and self._update == "optimizer" and not self.tables
+        if self.cfg.recovery_window <= 0 or not replayable:
+            return None
+        return Recovery(self, self.cfg.recovery_window)
 
     # ---- set-up -------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -278,11 +289,17 @@ class PSEngine:
             self._step()
 
     def _step(self) -> None:
-        self.synchronize()
+        if self.recovery is not None:
+            self.recovery.record()
         try:
+            self.dense.synchronize()  # a failure here is recovered through this step too
             self.mode.step()
         except PSError as exc:
-            if exc.code != "FAILED_PRECONDITION" or DROPPED not in str(exc):
+            dropped = exc.code == "FAILED_PRECONDITION" and DROPPED in str(exc)
+            if not dropped and self.recovery is not None and self.recovery.handles(exc):
+                self.recovery.recover(exc, self.step_no)  # ends at step_no + 1
+                return
+            if not dropped:
                 raise
             log.warning(
                 "trainer %d %s (silent too long; its step %d is discarded): it rejoins",
@@ -321,8 +338,14 @@ class PSEngine:
         self.synchronize()
 
     def synchronize(self) -> None:
-        """Wait for the parameter pulls still in flight and write them into the model."""
-        self.dense.synchronize()
+        """Wait for the parameter pulls still in flight and write them into the model (after a
+        server restart, sync trainers with a replay log recover here: ``longboat.ps.recovery``)."""
+        try:
+            self.dense.synchronize()
+        except PSError as exc:
+            if self.recovery is None or not self.recovery.handles(exc):
+                raise
+            self.recovery.recover(exc, self.step_no - 1)
 
     def explain_wait(self, call: Call, waited: float) -> str:
         """The stall warning for ``call``, unanswered after ``waited`` seconds

@@ -148,3 +148,32 @@ def row_state(
     return {
         s: torch.full(shape, init if s == "sum" else 0.0, dtype=dtype) for s in ROW_STATES[name]
     }
+
+
+@torch.no_grad()
+def update_rows(
+    name: str,
+    weight: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    grad: torch.Tensor,
+    h: dict[str, Any],
+    step: int,
+) -> None:
+    """``apply_rows`` on gathered rows: update ``weight`` (the touched rows, one per ``grad``
+    row) and ``state`` (the same rows of each state tensor) in place."""
+    lr = float(h["lr"])
+    if name == "sgd":
+        weight.add_(grad, alpha=-lr)
+    elif name == "adagrad":
+        total = state["sum"].addcmul_(grad, grad)
+        clr = lr / (1 + (step - 1) * float(h["lr_decay"]))
+        weight.add_(grad / (total.sqrt() + float(h["eps"])), alpha=-clr)
+    elif name == "adam":
+        beta1, beta2 = (float(b) for b in h["betas"])
+        avg, sq = state["exp_avg"], state["exp_avg_sq"]
+        avg.add_((grad - avg) * (1 - beta1))
+        sq.add_((grad * grad - sq) * (1 - beta2))
+        step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+        weight.add_(avg / (sq.sqrt() + float(h["eps"])), alpha=-step_size)
+    else:
+        raise ValueError(f"unknown sparse optimizer {name!r}; choose one of {sorted(ROW_STATES)}")

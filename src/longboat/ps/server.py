@@ -250,6 +250,8 @@ class Server:
         }
         if any(k in msg.meta for k in ("keys", "tables", "barrier")):
             reply["waiting_for"] = self.state.missing(msg.meta)
+        if msg.meta.get("table_stats"):
+            reply["table_stats"] = self.state.table_stats()
         return Message(reply)
 
     def _do_save(self, msg: Message, deadline: float) -> Message:
@@ -294,7 +296,7 @@ class Server:
                 f"server {self.index} was started without a checkpoint directory "
                 f"(--checkpoint-dir or {CHECKPOINT_DIR_ENV})"
             )
-        path = checkpoint.save(self.checkpoint_dir, self.index, step, self.state.state_dict())
+        path = checkpoint.save_streaming(self.checkpoint_dir, self.index, step, self.state)
         log.info("server %d saved step %d to %s", self.index, step, path)
 
     def _periodic_save(self, step: int) -> None:

@@ -51,11 +51,17 @@ class SparseEmbedding(nn.Module):
 
     ``optimizer`` is "sgd", "adagrad" or "adam" with ``hparams`` (``lr`` and the optimizer's
     own keys, see ``longboat.ps.optim.HPARAMS``); it runs on the servers, per touched row.
+
+    ``lazy=True`` (implied by ``num_embeddings=None``: any int64 id) creates rows on the
+    servers on their first admitted update: ``admit_count`` (updates before a row exists) or
+    ``admit_probability`` (a fixed draw per id); ``evict_after`` passes without an update drop
+    a row at ``lb.ps.shrink()``; ``storage_dtype`` (e.g. torch.float16) stores the rows in
+    half precision; ``expected_rows`` preallocates room for that many rows over all servers.
     """
 
     def __init__(
         self,
-        num_embeddings: int,
+        num_embeddings: int | None,
         embedding_dim: int,
         name: str,
         *,
@@ -64,6 +70,12 @@ class SparseEmbedding(nn.Module):
         seed: int = 0,
         init_scale: float | None = None,
         dtype: torch.dtype = torch.float32,
+        lazy: bool = False,
+        admit_count: int = 1,
+        admit_probability: float = 1.0,
+        evict_after: int = 0,
+        storage_dtype: torch.dtype | None = None,
+        expected_rows: int = 0,
         **hparams: Any,
     ) -> None:
         super().__init__()
@@ -72,8 +84,23 @@ class SparseEmbedding(nn.Module):
                 f"SparseEmbedding {name!r}: optimizer must be one of "
                 f"{sorted(ROW_STATES)}, got {optimizer!r}"
             )
-        if num_embeddings < 1 or embedding_dim < 1:
+        self.lazy = lazy or num_embeddings is None
+        extras = (admit_count, admit_probability, evict_after, storage_dtype, expected_rows)
+        if not self.lazy and extras != (1, 1.0, 0, None, 0):
+            raise ValueError(
+                f"SparseEmbedding {name!r}: admission, eviction, storage_dtype and "
+                "expected_rows need lazy=True"
+            )
+        if (num_embeddings is not None and num_embeddings < 1) or embedding_dim < 1:
             raise ValueError(f"SparseEmbedding {name!r}: sizes must be >= 1")
+        if admit_count < 1 or not 0 < admit_probability <= 1 or evict_after < 0:
+            raise ValueError(
+                f"SparseEmbedding {name!r}: need admit_count >= 1, 0 < admit_probability <= 1 "
+                "and evict_after >= 0"
+            )
+        self.admit_count, self.admit_probability = admit_count, admit_probability
+        self.evict_after, self.storage_dtype = evict_after, storage_dtype
+        self.expected_rows = expected_rows
         self.num_embeddings, self.embedding_dim, self.name = num_embeddings, embedding_dim, name
         self.optimizer, self.hparams = optimizer, {"lr": lr, **hparams}
         self.seed, self.dtype = seed, dtype
@@ -82,9 +109,9 @@ class SparseEmbedding(nn.Module):
 
     def spec(self) -> dict[str, Any]:
         """What the servers need to create their shard of this table (JSON-able)."""
-        return {
+        spec = {
             "name": self.name,
-            "rows": self.num_embeddings,
+            "rows": self.num_embeddings or 0,
             "dim": self.embedding_dim,
             "dtype": str(self.dtype).removeprefix("torch."),
             "optimizer": self.optimizer,
@@ -92,9 +119,18 @@ class SparseEmbedding(nn.Module):
             "seed": self.seed,
             "scale": self.init_scale,
         }
+        if self.lazy:
+            admission = {"count": self.admit_count, "probability": self.admit_probability}
+            spec |= {"lazy": True, "admission": admission, "evict_after": self.evict_after}
+            spec["expected_rows"] = self.expected_rows
+            if self.storage_dtype is not None:
+                spec["storage"] = str(self.storage_dtype).removeprefix("torch.")
+        return spec
 
     def initial_weight(self) -> torch.Tensor:
         """The full initial table (for single-process references; allocates it all)."""
+        if self.num_embeddings is None:
+            raise ValueError(f"SparseEmbedding {self.name!r} has no row count; use initial_rows")
         ids = torch.arange(self.num_embeddings)
         return initial_rows(ids, self.embedding_dim, self.seed, self.init_scale, self.dtype)
 
@@ -105,9 +141,10 @@ class SparseEmbedding(nn.Module):
                 "with Strategy(mode='ps') first (for local training build nn.Embedding from "
                 "initial_weight())"
             )
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
+        bound = self.num_embeddings
+        if bound is not None and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= bound):
             raise IndexError(
-                f"SparseEmbedding {self.name!r}: ids must be in [0, {self.num_embeddings}), "
+                f"SparseEmbedding {self.name!r}: ids must be in [0, {bound}), "
                 f"got min {int(ids.min())} max {int(ids.max())}"
             )
         return self._lookup(self, ids)

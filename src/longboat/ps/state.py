@@ -40,7 +40,15 @@ from longboat.ps.blocks import (
 )
 from longboat.ps.limits import TRAINER_TIMEOUT_ENV
 from longboat.ps.request import DROPPED, Dropped, RequestError, StaleStep, meta_int, meta_list
-from longboat.ps.tables import Table, apply_rows, load_table, local_rows, make_table, table_state
+from longboat.ps.tables import (
+    Table,
+    apply_rows,
+    load_table,
+    local_rows,
+    make_table,
+    read_rows,
+    table_state,
+)
 from longboat.ps.wire import Message
 
 SCOPES = ("engine", "kv")  # who says hello: lb.ps.distribute's engine, or a KVClient
@@ -153,6 +161,8 @@ class ServerState:
     def configure(self, msg: Message) -> Message:
         """Change the update rule (and optimizer) of existing blocks: a fresh optimizer state,
         the value kept. Refused for a block with pushes of a half-finished sync step."""
+        if "shrink" in msg.meta:
+            return Message({"dropped": self.shrink(msg.meta["shrink"])})
         with self.cond:
             specs = meta_list(msg.meta, "blocks")
             for spec in specs:
@@ -174,6 +184,47 @@ class ServerState:
             self.blocks.update(new)  # all or none
             self.cond.notify_all()
         return Message({"configured": len(specs)})
+
+    # ---- lazy tables ----------------------------------------------------------------------
+    def shrink(self, names: Any) -> dict[str, int]:
+        """End a pass of the lazy tables ``names`` (None: all of them): each drops its rows
+        unseen for its ``evict_after`` passes; rows dropped per table (``configure`` with
+        ``shrink`` carries this call)."""
+        with self.cond:
+            if names is True or names is None:
+                names = [n for n, t in self.tables.items() if t.lazy is not None]
+            if not isinstance(names, list) or not all(
+                isinstance(n, str) and n in self.tables and self.tables[n].lazy is not None
+                for n in names
+            ):
+                raise RequestError(f"shrink: server {self.index} has no lazy table in {names!r}")
+            dropped = {n: self.tables[n].lazy.shrink() for n in names}  # type: ignore[union-attr]
+            for n, k in dropped.items():
+                stats = self.tables[n].lazy.stats()  # type: ignore[union-attr]
+                log.info(
+                    "server %d table %r: pass ended, %d rows dropped, %d kept",
+                    self.index, n, k, stats["rows"],
+                )  # fmt: skip
+            return dropped
+
+    def table_stats(self) -> dict[str, dict[str, Any]]:
+        """Rows and bytes per row of every table (``ping`` with ``table_stats`` returns it)."""
+        with self.cond:
+            out = {}
+            for name, t in self.tables.items():
+                if t.lazy is not None:
+                    out[name] = t.lazy.stats()
+                else:
+                    total = t.weight.nbytes + sum(v.nbytes for v in t.state.values())
+                    rows = max(len(t.weight), 1)
+                    out[name] = {
+                        "rows": len(t.weight),
+                        "bytes": total,
+                        "bytes_per_row": total / rows,
+                        "float32_row_bytes": 4 * t.dim,
+                        "storage": str(t.dtype).removeprefix("torch."),
+                    }
+            return out
 
     def _init_table(self, spec: Any, sync: bool) -> tuple[str, Table | None]:
         """The table ``spec`` creates (None: it exists)."""
@@ -375,7 +426,7 @@ class ServerState:
             self._wait(ready, deadline, f"blocks/tables reaching step {version}")
             out = {k: self.blocks[k].value for k in keys}
             for name, ids in id_entries.items():
-                out[f"{name}@rows"] = self.tables[name].weight[self._local_rows(name, ids)]
+                out[f"{name}@rows"] = read_rows(self.tables[name], self._local_rows(name, ids))
             return wire.encode(Message({}, out))
 
     def barrier(self, msg: Message, deadline: float) -> Message:
@@ -602,11 +653,17 @@ class ServerState:
             self.cond.wait(min(left, 1.0))
 
     # ---- checkpoint state -----------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a restarted server needs (tensors, numbers, strings: weights_only-safe)."""
+    def state_dict(self, rows_file: Callable[[int], Any] | None = None) -> dict[str, Any]:
+        """Everything a restarted server needs (tensors, numbers, strings: weights_only-safe);
+        ``rows_file(k)``: where the k-th lazy table streams its rows (default: in the dict)."""
         with self.cond:
             blocks = {key: block_state(b) for key, b in self.blocks.items()}
-            tables = {name: table_state(t) for name, t in self.tables.items()}
+            tables, lazy = {}, 0
+            for name, t in self.tables.items():
+                path = None
+                if t.lazy is not None and rows_file is not None:
+                    path, lazy = rows_file(lazy), lazy + 1
+                tables[name] = table_state(t, path)
             return {
                 "index": self.index,
                 "num_servers": self.num_servers,
