@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from longboat.collective.buckets import BucketPlan
-from longboat.comm import waiting
 from longboat.comm.algorithms import AllreduceFn, Handle
 
 if TYPE_CHECKING:
@@ -271,9 +270,9 @@ class Reducer:
                     self._fill(i)
             for bucket in self._buckets:
                 assert bucket.handle is not None
-                waiting.wait(bucket.handle)
+                bucket.handle.wait()
             if self._flags_handle is not None:
-                waiting.wait(self._flags_handle)
+                self._flags_handle.wait()
             if self.check_finite:  # a rank's inf/NaN is in every rank's sum: same answer everywhere
                 self.last_finite = all(
                     bool(torch.isfinite(b.buffer[: b.numel]).all()) for b in self._buckets

@@ -22,11 +22,6 @@ _PEER_SIGNS = (
 )
 
 
-class PeerGoneError(RuntimeError):
-    """A collective was left unfinished because the launchers published a round without one
-    of its peers' nodes (the peer went silent: no connection error will ever arrive)."""
-
-
 def _chain(exc: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
     current: BaseException | None = exc
@@ -40,7 +35,7 @@ def is_peer_failure(exc: BaseException) -> bool:
     """True when ``exc`` (or what caused it) is a collective or store failing because a peer
     left: torch's DistError family, or a Gloo/NCCL RuntimeError saying so."""
     for e in _chain(exc):
-        if isinstance(e, (dist.DistError, PeerGoneError)):
+        if isinstance(e, dist.DistError):
             return True
         if isinstance(e, RuntimeError) and any(s in str(e).lower() for s in _PEER_SIGNS):
             return True

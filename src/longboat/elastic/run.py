@@ -7,10 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch.distributed as dist
-
 import longboat.cluster as cluster
-from longboat.comm import waiting
 from longboat.elastic import world
 from longboat.elastic.failures import describe, is_peer_failure
 from longboat.elastic.membership import ElasticError
@@ -41,57 +38,46 @@ def run(train: Callable[..., T]) -> Callable[..., T]:
             return train(state, *args, **kwargs)
         if not cluster.is_initialized():
             cluster.init()
-        # a collective with a node that went silent is abandoned once the launchers publish a
-        # round without it (Gloo only: NCCL's timed waits abort the communicator)
-        waiting.set_interrupt(world.peer_gone if dist.get_backend() == "gloo" else None)
-        try:
-            return _train_across_changes(train, state, *args, **kwargs)
-        finally:
-            waiting.set_interrupt(None)
+        state.sync()
+        resets, last_commits = 0, state.commits
+        while True:
+            try:
+                return train(state, *args, **kwargs)
+            except world.MembershipChanged as exc:
+                lost, reason = False, str(exc)
+            except Exception as exc:
+                if not is_peer_failure(exc):
+                    raise
+                lost, reason = True, describe(exc)
+                state.restore()
+            began = time.monotonic()
+            resets = resets + 1 if state.commits == last_commits else 1
+            last_commits = state.commits
+            if resets > MAX_RESETS_WITHOUT_PROGRESS:
+                raise ElasticError(
+                    f"{resets - 1} membership changes without a committed step in between; "
+                    f"last: {reason}"
+                )
+            _log.warning(
+                "rank %d: %s; %s commit %d and waiting for the new membership",
+                cluster.rank(),
+                reason,
+                "rolled back to" if lost else "keeping",
+                state.commits,
+            )
+            membership = world.regroup(reason, lost_peer=lost, strategy=cluster.current_strategy())
+            state.on_reset()
+            source = state.sync()
+            _log.warning(
+                "rank %d of %d after the change (%s); state of rank %d, commit %d, %.2f s",
+                cluster.rank(),
+                membership.world_size,
+                membership.reason,
+                source,
+                state.commits,
+                time.monotonic() - began,
+            )
+            if lost:
+                state.recovering_since(began)
 
     return wrapper
-
-
-def _train_across_changes(train: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> T:
-    """``train(state, ...)`` again after every membership change (see `run`)."""
-    state.sync()
-    resets, last_commits = 0, state.commits
-    while True:
-        try:
-            return train(state, *args, **kwargs)
-        except world.MembershipChanged as exc:
-            lost, reason = False, str(exc)
-        except Exception as exc:
-            if not is_peer_failure(exc):
-                raise
-            lost, reason = True, describe(exc)
-            state.restore()
-        began = time.monotonic()
-        resets = resets + 1 if state.commits == last_commits else 1
-        last_commits = state.commits
-        if resets > MAX_RESETS_WITHOUT_PROGRESS:
-            raise ElasticError(
-                f"{resets - 1} membership changes without a committed step in between; "
-                f"last: {reason}"
-            )
-        _log.warning(
-            "rank %d: %s; %s commit %d and waiting for the new membership",
-            cluster.rank(),
-            reason,
-            "rolled back to" if lost else "keeping",
-            state.commits,
-        )
-        membership = world.regroup(reason, lost_peer=lost, strategy=cluster.current_strategy())
-        state.on_reset()
-        source = state.sync()
-        _log.warning(
-            "rank %d of %d after the change (%s); state of rank %d, commit %d, %.2f s",
-            cluster.rank(),
-            membership.world_size,
-            membership.reason,
-            source,
-            state.commits,
-            time.monotonic() - began,
-        )
-        if lost:
-            state.recovering_since(began)

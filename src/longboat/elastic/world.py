@@ -12,8 +12,7 @@ import torch.distributed as dist
 
 import longboat.cluster as cluster
 from longboat.cluster.runtime import ClusterError
-from longboat.comm import waiting
-from longboat.elastic.failures import PeerGoneError, describe
+from longboat.elastic.failures import describe
 from longboat.elastic.membership import (
     ElasticError,
     Membership,
@@ -70,34 +69,10 @@ def change_pending() -> bool:
     mine = joined_round()
     if mine is None or not dist.is_initialized():
         return False
-    gone = peer_gone()
-    if gone is not None:  # the allreduce below would wait on the missing node
-        raise gone
     published = read_membership(require_elastic_dir())
     flag = torch.tensor([int(published is not None and published.token != mine.token)])
-    waiting.wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True))
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
-
-
-def peer_gone() -> PeerGoneError | None:
-    """Why a collective of this rank's round can no longer finish: the launcher published a
-    newer round that lacks some of this round's nodes (None while that is not so). Installed
-    as `longboat.comm.waiting`'s interrupt by ``lb.elastic.run``."""
-    mine = joined_round()
-    directory = elastic_dir()
-    if mine is None or directory is None:
-        return None
-    published = read_membership(directory)
-    if published is None or published.token == mine.token:
-        return None
-    gone = [node for node in mine.nodes if node not in published.nodes]
-    if not gone:
-        return None
-    return PeerGoneError(
-        f"node{'s' if len(gone) != 1 else ''} {', '.join(gone)} left the job "
-        f"({published.reason}); an unfinished collective with {'them' if len(gone) != 1 else 'it'} "
-        "was abandoned"
-    )
 
 
 def record_commits(commits: int) -> None:
@@ -148,17 +123,10 @@ def _leave() -> None:
     """Drop the old process group and everything longboat made for it.
 
     The groups are aborted first: their connections close at once, so a peer still waiting
-    in a collective with this rank fails now instead of at the job timeout. After an abandoned
-    collective (`longboat.comm.waiting`) aborting or destroying its group would wait for it
-    until the backend's timeout: the groups are then kept referenced and only unregistered.
+    in a collective with this rank fails now instead of at the job timeout.
     """
-    stuck = waiting.abandoned()
-    abandoning = bool(stuck)
-    if abandoning:
-        _graveyard.extend([*stuck, *_process_groups()])
-        stuck.clear()
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort is not None and dist.is_initialized() and not abandoning:
+    if abort is not None and dist.is_initialized():
         try:
             abort()
         except Exception as exc:  # torch builds without abort support: the timeout still ends it
@@ -167,15 +135,6 @@ def _leave() -> None:
         cluster.shutdown()
     except Exception as exc:  # a broken group may fail to tear down cleanly: it is gone anyway
         _log.warning("leaving the old process group: %s", describe(exc))
-
-
-_graveyard: list[object] = []
-
-
-def _process_groups() -> list[object]:
-    """Every process group torch knows of (its private registry; empty if it moved)."""
-    world = getattr(dist.distributed_c10d, "_world", None)
-    return list(getattr(world, "pg_map", {}) or {})
 
 
 def _wait_for_round(directory: Path, old_token: str) -> Membership:
