@@ -6,7 +6,6 @@ distributed cases run 2 workers (threads) against real servers."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -14,22 +13,14 @@ import torch
 
 import longboat.kvstore as kvstore
 from longboat.kvstore.compression import quantize_2bit
+from tests.compat.test_kvstore import _on_workers as on_dist_workers
 from tests.ps._harness import servers
 
 
 def _on_workers(kind: str, body: Callable[[Any], Any], n_servers: int = 1) -> list[Any]:
     """``body(store)`` on 2 workers of a ``kind`` store, in parallel threads."""
     with servers(n_servers) as (eps, token):
-        stores = [
-            kvstore.create(kind, servers=eps, token=token, rank=r, num_workers=2, timeout=30)
-            for r in range(2)
-        ]
-        try:
-            with ThreadPoolExecutor(2) as pool:
-                return list(pool.map(body, stores))
-        finally:
-            for s in stores:
-                s.close()
+        return on_dist_workers(eps, token, kind, body)
 
 
 # ---- store types ----------------------------------------------------------------------------

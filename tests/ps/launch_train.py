@@ -21,6 +21,12 @@ def main(out: str) -> None:
         return
     torch.set_num_threads(1)
     _, rank, world = cluster_from_env()  # PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM
+    train_and_save(out, rank, world)
+
+
+def train_and_save(out: str, rank: int, world: int) -> None:
+    """Trainer ``rank`` of ``world``: its shard of the shared workload's global batches, sync
+    PS mode; the final parameters go to ``OUT/trainer<rank>.pt``."""
     cfg = W.Config()
     model = W.build_model(cfg, seed=0)
     m, opt = lb.distribute(

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import grpc
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (tests.*)
 
@@ -22,7 +21,7 @@ import longboat as lb  # noqa: E402
 from longboat.ps.client import SERVICE, Client, PSError  # noqa: E402
 from longboat.ps.engine import cluster_from_env  # noqa: E402
 from longboat.ps.wire import Message  # noqa: E402
-from tests.collective import _workloads as W  # noqa: E402
+from tests.ps.launch_train import train_and_save  # noqa: E402
 
 
 def _refusals(servers: list[str]) -> dict[str, list[str]]:
@@ -79,18 +78,7 @@ def main(out: str, kill: str | None = None) -> None:
         **_refusals(servers),
     }
     Path(out, f"seen{rank}.json").write_text(json.dumps(seen))
-    cfg = W.Config()
-    model = W.build_model(cfg, seed=0)
-    m, opt = lb.distribute(
-        model, W.build_optimizer(cfg, model), lb.Strategy(mode="ps", a_sync=False)
-    )
-    x, y = W.data(cfg)
-    for i in range(W.STEPS):
-        opt.zero_grad()
-        F.cross_entropy(m(W.shard(x[i], rank, world)), W.shard(y[i], rank, world)).backward()
-        opt.step()
-    m.engine.close()
-    torch.save(W.params_of(model), Path(out, f"trainer{rank}.pt"))
+    train_and_save(out, rank, world)
 
 
 if __name__ == "__main__":
