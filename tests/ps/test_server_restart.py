@@ -14,9 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-from longboat.ps import checkpoint
+from longboat.ps import checkpoint, wire
 from longboat.ps.auth import generate_token
 from longboat.ps.config import PSConfig
+from longboat.ps.recovery import _SERVER_LOST
+from longboat.ps.request import StaleStep
+from longboat.ps.server import CallError, Server
+from longboat.ps.state import ServerState
+from longboat.ps.wire import Message
 from tests.collective import _workloads as W
 from tests.ps._harness import server_processes
 from tests.ps.test_faults import _all, _engines, _step
@@ -76,3 +81,80 @@ def test_sync_trainers_recover_from_a_killed_server_without_losing_updates(
         assert [t[1].engine.step_no for t in trainers] == [W.STEPS, W.STEPS]
         _assert_reference(trainers)
         _all(trainers, lambda e: e.close())
+
+
+_TABLE = {"name": "t", "rows": 10, "dim": 2, "optimizer": "sgd", "hparams": {"lr": 0.1}}
+
+
+def _push(state: ServerState, trainer: int, step: int) -> None:
+    ids = torch.tensor([trainer, 2 + trainer])
+    grads = {"w": torch.ones(3), "t@ids": ids, "t@grad": torch.ones(2, 2)}
+    state.push(Message({"trainer": trainer, "step": step, "lrs": [0.1]}, grads))
+
+
+def _pull(step: int, trainer: int = 0) -> bytes:
+    meta = {"keys": ["w"], "version": step, "trainer": trainer}
+    return wire.encode(Message(meta, {"t@ids": torch.tensor([0, 1])}))
+
+
+def _job_at_step_2(tmp_path: Path) -> ServerState:
+    """One server of a 2-trainer sync job (a dense block, a table) at step 2, checkpointed."""
+    state = ServerState(0, 1)
+    block = {"key": "w", "update": "optimizer", "optimizer": "sgd", "hparams": {"lr": 0.1}}
+    init = {"trainers": 2, "sync": True, "blocks": [block], "tables": [_TABLE]}
+    state.init(Message(init, {"w": torch.zeros(3)}))
+    for step in range(2):
+        for trainer in range(2):
+            _push(state, trainer, step)
+    checkpoint.save_streaming(tmp_path, 0, 2, state)
+    return state
+
+
+def test_a_restarted_server_refuses_at_once_a_pull_of_a_step_it_lost(tmp_path: Path) -> None:
+    """The job went on to step 4 before the server died; restarted from step 2, it answers the
+    trainers' pulls of steps 3 and 4 (whose pushes it lost) with FAILED_PRECONDITION at once,
+    a code the trainers' recovery handles, where it used to wait until the call's deadline."""
+    _job_at_step_2(tmp_path)
+    server = Server(index=0, num_servers=1, token=generate_token(), checkpoint_dir=tmp_path)
+    try:
+        assert server.restored_step == 2
+        for step in (3, 4):
+            with pytest.raises(CallError) as info:
+                server.answer("pull", _pull(step), time.monotonic() + 600)
+            assert info.value.code.name == "FAILED_PRECONDITION", info.value.details
+            assert "never received trainer 0's push of step" in info.value.details
+            assert info.value.code.name in _SERVER_LOST
+        # a trainer that pushed step 2 waits for the others' pushes (here: until a deadline
+        # that has passed), as before
+        _push(server.state, 0, 2)
+        with pytest.raises(CallError) as info:
+            server.answer("pull", _pull(3), time.monotonic())
+        assert info.value.code.name == "DEADLINE_EXCEEDED"
+        with pytest.raises(CallError) as info:  # the other trainer did not push step 2
+            server.answer("pull", _pull(3, trainer=1), time.monotonic() + 600)
+        assert info.value.code.name == "FAILED_PRECONDITION"
+    finally:
+        server.stop(0)
+
+
+def test_a_pull_waiting_when_a_rollback_begins_is_refused(tmp_path: Path) -> None:
+    """Trainer 0 pushed step 2 and waits for trainer 1, which starts rolling the servers back
+    instead: the waiting pull is refused (it would wait for a push that never comes)."""
+    state = _job_at_step_2(tmp_path)
+    _push(state, 0, 2)
+    outcome: list[BaseException] = []
+
+    def pull() -> None:
+        try:
+            state.pull(wire.decode(_pull(3)), time.monotonic() + 600)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=pull)
+    waiting.start()
+    while not state.busy.get(0):  # the pull is in (it holds the trainer's call count)
+        time.sleep(0.01)
+    state.begin_rollback()
+    waiting.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], StaleStep), outcome
+    assert "rolling back" in str(outcome[0])

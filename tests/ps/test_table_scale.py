@@ -193,7 +193,7 @@ def test_streaming_save_load_round_trips_within_a_tenth_of_the_table(tmp_path: P
         extra = _status("VmHWM") - before
         assert extra <= 0.1 * table_bytes, (extra, table_bytes)
     restored = ServerState(0, 1)
-    restored.load_state_dict(checkpoint.load(tmp_path, 0))
+    restored.load_state_dict(checkpoint.load(tmp_path, 0), tmp_path)
     got = restored.tables["t"].lazy
     assert len(got) == rows and got.passes == lazy.passes
     slots = got.index.lookup(lazy.index.ids)
@@ -354,3 +354,52 @@ def test_shrink_of_many_chunks_keeps_each_row_with_its_id() -> None:
     slots = rows.index.lookup(kept)
     want_sum = 2 * torch.stack([kept.float() ** 2, kept.float() ** 2], 1)
     assert torch.equal(rows.state["sum"][slots], want_sum)
+
+
+def test_a_moved_checkpoint_directory_restores_its_lazy_tables(tmp_path: Path) -> None:
+    """Row files (rows, admission counters) are named relative to their checkpoint: move the
+    directory, restore from the new place (the old one is gone), and rows and counts are back."""
+    spec = _spec("adagrad", admission={"count": 2})
+    shards = Shards(spec, n=1)
+    _train(shards, 6, 200)
+    checkpoint.save_streaming(tmp_path / "old", 0, 6, shards.states[0])
+    (tmp_path / "old").rename(tmp_path / "new")
+    saved = checkpoint.load(tmp_path / "new", 0)
+    assert saved is not None
+    table = saved["tables"]["t"]
+    assert not Path(table["rows_file"]).is_absolute()
+    assert "seen_ids" not in table["lazy"]  # the admission counters are in a row file too
+    assert (tmp_path / "new" / table["counters_file"]).is_file()
+    restored = ServerState(0, 1)
+    restored.load_state_dict(saved, tmp_path / "new")
+    copy = Shards.__new__(Shards)
+    copy.states = [restored]
+    ids = torch.arange(200)
+    assert torch.equal(copy.pull(ids), shards.pull(ids))
+    counts = [s.table_stats()["t"] for s in (restored, shards.states[0])]
+    got, want = ((c["rows"], c["pending_admission"]) for c in counts)
+    assert got == want and got[0] > 0
+
+
+def test_a_restored_lazy_table_keeps_its_byte_limit(tmp_path: Path) -> None:
+    """A server's limit on a table's bytes holds for the rows created after a restore as it
+    did before (a restored table used to have none)."""
+    limit = 40_000
+    state = ServerState(0, 1, max_table_bytes=limit)
+    state.init(Message({"trainers": 1, "tables": [_spec("adagrad", admission={"count": 1})]}))
+    row_bytes = state.tables["t"].lazy.row_bytes_estimate()
+    fits = int(limit // row_bytes)
+
+    def push(target: ServerState, ids: torch.Tensor) -> None:
+        grads = torch.ones(len(ids), DIM)
+        target.push(Message({"trainer": 0}, {"t@ids": ids, "t@grad": grads}))
+
+    push(state, torch.arange(fits - 10))
+    checkpoint.save_streaming(tmp_path, 0, 1, state)
+    restored = ServerState(0, 1, max_table_bytes=limit)
+    restored.load_state_dict(checkpoint.load(tmp_path, 0), tmp_path)
+    for target in (state, restored):
+        with pytest.raises(Exception, match=f"more than {limit} bytes"):
+            push(target, torch.arange(fits, fits + 20))
+        push(target, torch.arange(fits - 10, fits))  # what still fits is created
+        assert len(target.tables["t"].lazy) == fits

@@ -60,13 +60,15 @@ def rows_path(directory: str | Path, index: int, step: int, table: int) -> Path:
 
 def save_streaming(directory: str | Path, index: int, step: int, server: Any) -> Path:
     """``save`` of a ``ServerState``: its lazy tables stream their rows to ``rows_path`` files
-    (chunks, never a copy of the table) written before the checkpoint that names them; row
-    files of steps no longer kept are removed."""
+    and their admission counters to ``.admission.rows`` files beside them (chunks, never a
+    copy of the table) written before the checkpoint that names them; such files of steps no
+    longer kept are removed."""
+    Path(directory).mkdir(parents=True, exist_ok=True)  # the row files come first
     state = server.state_dict(lambda k: rows_path(directory, index, step, k))
     path = save(directory, index, step, state)
     kept = set(steps_saved(directory, index))
     for p in Path(directory).glob(f"server{index}-step*.table*.rows"):
-        m = re.search(r"server(\d+)-step(\d+)\.table\d+\.rows$", p.name)
+        m = re.search(r"server(\d+)-step(\d+)\.table\d+(\.admission)?\.rows$", p.name)
         if m and int(m.group(1)) == index and int(m.group(2)) not in kept:
             p.unlink(missing_ok=True)
     return path

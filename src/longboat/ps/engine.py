@@ -18,7 +18,7 @@ from torch import nn
 
 from longboat.cluster import on_shutdown
 from longboat.log import get_logger
-from longboat.ps import auth, modes, settings
+from longboat.ps import auth, modes, settings, table_admin
 from longboat.ps.client import Call, Client, PSError, ReplyWatch
 from longboat.ps.config import PSConfig, cluster_from_env
 from longboat.ps.optim import describe_torch_optimizer
@@ -124,6 +124,7 @@ class PSEngine:
             before=self.synchronize,
             training=lambda: self.model.training,
             waiting=self._waiting,
+            recover=lambda exc: self._recover(exc, self.step_no - 1),
         )  # fmt: skip
         self.plan = make_plan(
             [(n, tuple(p.shape)) for n, p in self.params],
@@ -153,9 +154,9 @@ class PSEngine:
         self._state_hook = self.model.register_state_dict_pre_hook(self._before_state_dict)
 
     def _make_recovery(self) -> Recovery | None:
-        """The replay log of a sync trainer whose servers checkpoint periodically (only the
-        dense parameters are replayed: jobs with sparse tables restore by hand)."""
-        replayable = self.cfg.mode == "sync" and self._update == "optimizer" and not self.tables
+        """The replay log of a sync trainer whose servers checkpoint periodically (dense
+        parameters and sparse tables)."""
+        replayable = self.cfg.mode == "sync" and self._update == "optimizer"
         if self.cfg.recovery_window <= 0 or not replayable:
             return None
         return Recovery(self, self.cfg.recovery_window)
@@ -296,11 +297,9 @@ class PSEngine:
             self.mode.step()
         except PSError as exc:
             dropped = exc.code == "FAILED_PRECONDITION" and DROPPED in str(exc)
-            if not dropped and self.recovery is not None and self.recovery.handles(exc):
-                self.recovery.recover(exc, self.step_no)  # ends at step_no + 1
-                return
             if not dropped:
-                raise
+                self._recover(exc, self.step_no)  # ends at step_no + 1
+                return
             log.warning(
                 "trainer %d %s (silent too long; its step %d is discarded): it rejoins",
                 self.trainer,
@@ -343,14 +342,31 @@ class PSEngine:
         try:
             self.dense.synchronize()
         except PSError as exc:
-            if self.recovery is None or not self.recovery.handles(exc):
-                raise
-            self.recovery.recover(exc, self.step_no - 1)
+            self._recover(exc, self.step_no - 1)
+
+    def _recover(self, exc: PSError, through: int) -> None:
+        """Ride out a server restart (``longboat.ps.recovery``): replay the logged steps up to
+        ``through`` and end at step ``through + 1``; raise ``exc`` if this trainer cannot."""
+        if self.recovery is None or not self.recovery.handles(exc):
+            raise exc
+        self.recovery.recover(exc, through)
 
     def explain_wait(self, call: Call, waited: float) -> str:
         """The stall warning for ``call``, unanswered after ``waited`` seconds
         (``longboat.trace.ps.StallExplainer``)."""
         return self._explainer.explain(call, waited)
+
+    # ---- lazy tables ------------------------------------------------------------------------
+    def shrink(self, tables: list[str] | None = None) -> dict[str, int]:
+        """End a pass of the lazy ``tables`` (default: all) on every server (``lb.ps.shrink``;
+        call it from one trainer, between steps); rows dropped per table. A sync trainer with
+        a replay log keeps the call: a replay repeats it after the same step."""
+        self.synchronize()
+        self.sparse.wait(self.step_no if self._mode_cls.sync else 0)  # the last step applied
+        dropped = table_admin.shrink_on(self.client, tables)
+        if self.recovery is not None:
+            self.recovery.shrunk(tables)
+        return dropped
 
     # ---- checkpoints ------------------------------------------------------------------------
     def save(self) -> int:

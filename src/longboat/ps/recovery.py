@@ -1,12 +1,15 @@
 """Sync-mode trainers riding out a parameter server's restart by themselves.
 
-A trainer keeps the gradients (and learning rates) it pushed for its last ``window`` steps.
-When a call fails because a server died, it waits (bounded) until that server answers again
-as a new process restored from its checkpoint, rolls every server back to that checkpoint's
-step (``PSEngine.restore``: a barrier of all trainers, then each server reloads its file) and
-pushes its logged gradients again, step by step. The servers recompute the same updates from
-the same gradients, so no update since the checkpoint is lost: the training loop goes on as
-if nothing had happened.
+A trainer keeps what it pushed for its last ``window`` steps: the dense gradients (and
+learning rates) and the row gradients of every sparse table (the ids it looked up and one
+gradient row per id). When a call fails because a server died (or a restarted server refuses
+a step it lost), it waits (bounded) until that server answers again as a new process restored
+from its checkpoint, rolls every server back to that checkpoint's step (``PSEngine.restore``:
+a barrier of all trainers, then each server reloads its file) and pushes its logged gradients
+again, step by step. The servers recompute the same updates from the same gradients (sparse
+rows included: admission counts and optimizer state come back with the checkpoint, and
+probability admission is a pure function of the table's seed and the id), so no update since
+the checkpoint is lost: the training loop goes on as if nothing had happened.
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from longboat.log import get_logger
+from longboat.ps import table_admin
 from longboat.ps.client import PSError
 from longboat.ps.params import wait_all
+from longboat.ps.sparse import RowGrads
 from longboat.ps.wire import Message
 
 if TYPE_CHECKING:
@@ -48,6 +53,8 @@ class Pushed:
     step: int
     grads: list[torch.Tensor]
     lrs: list[float]
+    rows: RowGrads  # sparse tables: name -> (ids, gradient rows)
+    shrinks: list[list[str] | None] = field(default_factory=list)  # lb.ps.shrink after it
 
 
 class Recovery:
@@ -66,11 +73,16 @@ class Recovery:
         return {s: str(r.meta["boot"]) for s, r in replies.items()}
 
     def record(self) -> None:
-        """Log this step's gradients before they are pushed."""
-        dense = self.engine.dense
-        grads = [g.detach().clone() for g in dense.grads()]
-        lrs = [float(g["lr"]) for g in self.engine.optimizer.param_groups]
-        self.log.append(Pushed(self.engine.step_no, grads, lrs))
+        """Log this step's gradients (dense and sparse) before they are pushed."""
+        engine = self.engine
+        grads = [g.detach().clone() for g in engine.dense.grads()]
+        lrs = [float(g["lr"]) for g in engine.optimizer.param_groups]
+        self.log.append(Pushed(engine.step_no, grads, lrs, engine.sparse.gradients()))
+
+    def shrunk(self, tables: list[str] | None) -> None:
+        """Log an ``lb.ps.shrink(tables)`` made by this trainer after the last logged step."""
+        if self.log and self.log[-1].step == self.engine.step_no - 1:
+            self.log[-1].shrinks.append(tables)
 
     def handles(self, exc: PSError) -> bool:
         return not self.active and exc.server >= 0 and exc.code in _SERVER_LOST
@@ -106,11 +118,15 @@ class Recovery:
                 exc.server,
                 exc.endpoint,
             ) from exc
+        # lookups of the step after ``through`` (its forward) were pulled at the values the
+        # replay recomputes: they stay recorded for that step's push
+        current = engine.sparse.clear() if through < engine.step_no else []
         engine.restore(restored, timeout=wait)
         for pushed in [p for p in self.log if restored <= p.step <= through]:
             self._replay(pushed)
         engine.step_no = through + 1
         engine.dense.pull(engine.step_no)
+        engine.sparse.resume(current)
         log.warning(
             "trainer %d: parameter server %d is back; replayed steps %d..%d from its "
             "checkpoint, training goes on at step %d",
@@ -158,14 +174,22 @@ class Recovery:
             time.sleep(0.5)
 
     def _replay(self, pushed: Pushed) -> None:
-        """Push ``pushed`` again and wait until every server has applied its step."""
-        dense, groups = self.engine.dense, self.engine.optimizer.param_groups
+        """Push ``pushed`` again and wait until every server has applied its step (the next
+        step's push of a sparse table waits on the server for this one to complete)."""
+        engine = self.engine
+        dense, groups = engine.dense, engine.optimizer.param_groups
         current = [g["lr"] for g in groups]
         for g, lr in zip(groups, pushed.lrs, strict=True):
             g["lr"] = lr
         try:
-            wait_all(dense.push(range(len(dense)), pushed.grads, pushed.step))
+            calls = dense.push(range(len(dense)), pushed.grads, pushed.step)
+            calls += engine.sparse.send(pushed.rows, pushed.step, every_server=True)
+            wait_all(calls)
         finally:
             for g, lr in zip(groups, current, strict=True):
                 g["lr"] = lr
         dense.collect(dense.start_pulls(pushed.step + 1))
+        if pushed.shrinks:  # after the step, before this trainer's push of the next one
+            engine.sparse.wait(pushed.step + 1)
+            for tables in pushed.shrinks:
+                table_admin.shrink_on(engine.client, tables)

@@ -86,7 +86,7 @@ class Server:
         if self.checkpoint_dir is not None:
             saved = checkpoint.load(self.checkpoint_dir, index)
             if saved is not None:
-                self.state.load_state_dict(saved)
+                self.state.load_state_dict(saved, self.checkpoint_dir)
                 self.restored_step = self.state.version()
                 log.info(
                     "server %d restored from %s at step %d",
@@ -268,6 +268,8 @@ class Server:
         with self.state.cond:
             if not 0 <= trainer < max(self.state.trainers, 1):
                 raise RequestError(f"trainer {trainer} is out of range ({self.state.trainers})")
+            if key not in self._restores:
+                self.state.begin_rollback()  # pulls waiting now would wait for nothing
             self._restores.setdefault(key, set()).add(trainer)
             if (
                 len(self._restores[key]) >= max(self.state.trainers, 1)
@@ -279,7 +281,7 @@ class Server:
                     raise RequestError(str(exc)) from None
                 if saved is None:
                     raise RequestError(f"server {self.index} has no checkpoint to restore")
-                self.state.load_state_dict(saved)
+                self.state.load_state_dict(saved, self.checkpoint_dir)
                 self._restored.add(key)
                 log.info("server %d rolled back to step %d", self.index, step)
             self.state.cond.notify_all()

@@ -16,11 +16,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from longboat.ps.client import PSError
 from longboat.ps.optim import ROW_STATES
 from longboat.ps.wire import Message
 
 if TYPE_CHECKING:
     from longboat.ps.client import Call, Client
+
+#: one lookup of a step: the table, its distinct ids, the rows pulled (their .grad after backward)
+Lookup = tuple["SparseEmbedding", torch.Tensor, torch.Tensor]
+#: a step's row gradients of each table: table name -> (ids, one gradient row per id)
+RowGrads = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -162,7 +168,10 @@ class SparseLookups:
 
     ``version()`` is the step whose update a lookup waits for (0: none); ``before()`` runs first
     (the engine's wait for its pulls in flight); ``training()`` says whether the model records
-    gradients; ``waiting(what)`` wraps the blocking wait (the timeline records it).
+    gradients; ``waiting(what)`` wraps the blocking wait (the timeline records it);
+    ``recover(error)`` runs when a lookup's pull fails (the engine's recovery from a server
+    restart: it returns once the servers are back at this step, and the pull is sent again,
+    or raises).
     """
 
     def __init__(
@@ -175,14 +184,15 @@ class SparseLookups:
         before: Callable[[], None],
         training: Callable[[], bool],
         waiting: Callable[[str], contextlib.AbstractContextManager[Any]],
+        recover: Callable[[PSError], None] | None = None,
     ) -> None:
         names = [t.name for t in tables]
         if len(set(names)) != len(names):
             raise ValueError(f"SparseEmbedding names must be unique, got {names}")
         self.tables, self.client, self.trainer = tables, client, trainer
         self._version, self._before, self._training = version, before, training
-        self._waiting = waiting
-        self._lookups: list[tuple[SparseEmbedding, torch.Tensor, torch.Tensor]] = []
+        self._waiting, self._recover = waiting, recover
+        self._lookups: list[Lookup] = []
 
     def attach(self) -> None:
         """Make every table look its rows up here."""
@@ -194,16 +204,35 @@ class SparseLookups:
         for t in self.tables:
             t._lookup = None
 
-    def clear(self) -> None:
-        """Forget the lookups not pushed yet."""
-        self._lookups = []
+    def clear(self) -> list[Lookup]:
+        """Forget the lookups not pushed yet (returned: ``resume`` takes them back)."""
+        lookups, self._lookups = self._lookups, []
+        return lookups
+
+    def resume(self, lookups: list[Lookup]) -> None:
+        """Record ``lookups`` (from ``clear``) again, before any made since."""
+        self._lookups = lookups + self._lookups
 
     def lookup(self, table: SparseEmbedding, ids: torch.Tensor) -> torch.Tensor:
         """Rows of ``table`` for ``ids``: pull each distinct id once, record for the push."""
         self._before()
         uniq, inverse = torch.unique(ids.reshape(-1).to(torch.int64), return_inverse=True)
-        servers = len(self.client)
         version = self._version()
+        try:
+            rows = self._pull(table, uniq, version)
+        except PSError as exc:
+            if self._recover is None:
+                raise
+            self._recover(exc)  # the servers are back at this step: ask again
+            rows = self._pull(table, uniq, self._version())
+        if torch.is_grad_enabled() and self._training():
+            rows.requires_grad_(True)
+            self._lookups.append((table, uniq, rows))
+        return rows[inverse].reshape(*ids.shape, table.embedding_dim)
+
+    def _pull(self, table: SparseEmbedding, uniq: torch.Tensor, version: int) -> torch.Tensor:
+        """The rows of distinct ids ``uniq`` once the servers reached ``version``."""
+        servers = len(self.client)
         rows = torch.empty(len(uniq), table.embedding_dim, dtype=table.dtype)
         calls = {}
         for s in range(servers):
@@ -215,21 +244,21 @@ class SparseLookups:
         with self._waiting("pull"):
             for mask, call in calls.values():
                 rows[mask] = call.result().tensors[f"{table.name}@rows"]
-        if torch.is_grad_enabled() and self._training():
-            rows.requires_grad_(True)
-            self._lookups.append((table, uniq, rows))
-        return rows[inverse].reshape(*ids.shape, table.embedding_dim)
+        return rows
 
-    def push(self, step: int, every_server: bool) -> list[Call]:
-        """Start the pushes of the recorded lookups' row gradients (``every_server``: also an
-        empty push to servers without rows, as sync steps need one from every trainer)."""
-        lookups, self._lookups = self._lookups, []
-        if not self.tables or (not lookups and not every_server):
-            return []
-        servers = len(self.client)
-        merged: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    def wait(self, version: int) -> None:
+        """Wait until every server's shard of every table reached ``version``."""
+        empty = torch.empty(0, dtype=torch.int64)
+        meta = {"keys": [], "version": version, "trainer": self.trainer}
+        msg = Message(meta, {f"{t.name}@ids": empty for t in self.tables})
+        self.client.call_all("pull", {s: msg for s in range(len(self.client))})
+
+    def gradients(self) -> RowGrads:
+        """The row gradients of the lookups recorded so far, per table (new tensors; the
+        lookups stay recorded)."""
+        merged: RowGrads = {}
         for table in self.tables:
-            mine = [(u, r) for t, u, r in lookups if t is table]
+            mine = [(u, r) for t, u, r in self._lookups if t is table]
             ids = torch.cat([u for u, _ in mine]) if mine else torch.empty(0, dtype=torch.int64)
             grads = [r.grad if r.grad is not None else torch.zeros_like(r) for _, r in mine]
             dim = table.embedding_dim
@@ -237,6 +266,21 @@ class SparseLookups:
                 ids,
                 torch.cat(grads) if grads else torch.empty(0, dim, dtype=table.dtype),
             )
+        return merged
+
+    def push(self, step: int, every_server: bool) -> list[Call]:
+        """Start the pushes of the recorded lookups' row gradients (``every_server``: also an
+        empty push to servers without rows, as sync steps need one from every trainer)."""
+        if not self.tables or (not self._lookups and not every_server):
+            self._lookups = []
+            return []
+        merged = self.gradients()
+        self._lookups = []
+        return self.send(merged, step, every_server)
+
+    def send(self, merged: RowGrads, step: int, every_server: bool) -> list[Call]:
+        """Start the pushes of ``merged`` row gradients of ``step``, split by server."""
+        servers = len(self.client)
         calls = []
         for s in range(servers):
             tensors = {}

@@ -23,6 +23,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,6 +92,7 @@ class ServerState:
         self.dropped_at: dict[int, int] = {}  # trainer -> the step that was waiting when dropped
         self.joined: set[int] = set()  # trainers that called join
         self.barrier_done: dict[str, int] = {}  # name -> the highest generation completed
+        self.rollbacks = 0  # rollbacks begun (restore): sync pulls waiting then are refused
         self._refusals: set[tuple[int, int]] = set()  # (trainer, step) refusals logged
 
     # ---- hello ----------------------------------------------------------------------------
@@ -260,9 +262,10 @@ class ServerState:
             for key, grad in dense.items():
                 self._check_dense(key, grad)
             tables = self._sparse_pushes(sparse)
-            if any(self.blocks[k].sync for k in dense) or any(self.tables[n].sync for n in tables):
+            synced = any(self.blocks[k].sync for k in dense)
+            synced |= any(self.tables[n].sync for n in tables)
+            if synced:
                 self._refuse_if_dropped(trainer, step)
-                self.last_step[trainer] = max(step, self.last_step.get(trainer, step))
             if deadline is not None:
                 held = [self.blocks[k] for k in dense] + [self.tables[n] for n in tables]
                 self._wait(
@@ -281,6 +284,8 @@ class ServerState:
                 self._push_block(key, block, grad, trainer, step, lr)
             for name, (ids, grad) in tables.items():
                 self._push_table(name, ids, grad, trainer, step)
+            if synced:  # accepted: a pull of the next step may wait for the others
+                self.last_step[trainer] = max(step, self.last_step.get(trainer, step))
             self.cond.notify_all()
         return Message({})
 
@@ -418,16 +423,54 @@ class ServerState:
                 if name not in self.tables or ids.dtype != torch.int64 or ids.dim() != 1:
                     raise RequestError(f"pull of table {name!r}: unknown table or ids not int64")
 
+            holders = [self.blocks[k] for k in keys] + [self.tables[n] for n in id_entries]
+            rollbacks = self.rollbacks
+
             def ready() -> bool:
-                return all(self.blocks[k].version >= version for k in keys) and all(
-                    self.tables[n].version >= version for n in id_entries
-                )
+                behind = [h for h in holders if h.version < version]
+                if behind:
+                    self._refuse_lost_pull(trainer, version, behind, rollbacks)
+                return not behind
 
             self._wait(ready, deadline, f"blocks/tables reaching step {version}")
             out = {k: self.blocks[k].value for k in keys}
             for name, ids in id_entries.items():
                 out[f"{name}@rows"] = read_rows(self.tables[name], self._local_rows(name, ids))
             return wire.encode(Message({}, out))
+
+    def _refuse_lost_pull(
+        self, trainer: Any, version: int, behind: list[DenseBlock | Table], rollbacks: int
+    ) -> None:
+        """Raise ``StaleStep`` for a pull of sync ``version`` that nothing will answer: the
+        servers began rolling back since it arrived, or ``trainer`` never pushed the step
+        before ``version`` here and did not join at ``version`` (this server restarted from an
+        older checkpoint and lost that push). A pull waiting for the other trainers' pushes of
+        a step it pushed, or for the step it joined at, is not refused."""
+        if not any(h.sync for h in behind):
+            return
+        if self.rollbacks != rollbacks:
+            raise StaleStep(
+                f"server {self.index}: a pull of step {version} was waiting when the servers "
+                "began rolling back to a checkpoint (restore): pull again after it"
+            )
+        if (
+            isinstance(trainer, int)
+            and self.last_step.get(trainer, -1) < version - 1
+            and self.back_at.get(trainer, 0) < version
+        ):
+            at = min(h.version for h in behind)
+            raise StaleStep(
+                f"server {self.index} is at step {at} (restarted from its checkpoint, or rolled "
+                f"back) and never received trainer {trainer}'s push of step {version - 1}: its "
+                f"pull of step {version} cannot be answered; roll the servers back "
+                "(PSEngine.restore) and push the steps since again"
+            )
+
+    def begin_rollback(self) -> None:
+        """A rollback (restore) begins: refuse the sync pulls waiting now."""
+        with self.cond:
+            self.rollbacks += 1
+            self.cond.notify_all()
 
     def barrier(self, msg: Message, deadline: float) -> Message:
         """Return once all trainers reached barrier ``generation`` of the barrier ``name``
@@ -674,8 +717,9 @@ class ServerState:
                 "tables": tables,
             }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace this server's contents with a ``state_dict`` (from the same server index)."""
+    def load_state_dict(self, state: dict[str, Any], directory: str | Path | None = None) -> None:
+        """Replace this server's contents with a ``state_dict`` (from the same server index);
+        ``directory``: the checkpoint's, where its lazy tables' row files lie."""
         if state["index"] != self.index or state["num_servers"] != self.num_servers:
             raise RequestError(
                 f"checkpoint is of server {state['index']} of {state['num_servers']}, this is "
@@ -687,9 +731,15 @@ class ServerState:
             self.trainers, self.digest = int(state["trainers"]), str(state["digest"])
             self.settings = json.loads(state.get("settings", "{}"))
             self.blocks.update({k: load_block(s) for k, s in state["blocks"].items()})
-            self.tables.update({n: load_table(s) for n, s in state["tables"].items()})
+            self.tables.update(
+                {
+                    n: load_table(s, directory, self.max_table_bytes)
+                    for n, s in state["tables"].items()
+                }
+            )
             self.barriers.clear()
             self.back_at.clear()  # a rolled-back job waits for every trainer again
+            self.last_step.clear()  # no trainer has pushed a step since the checkpoint
             self.barrier_done.clear()
             self.cond.notify_all()
 

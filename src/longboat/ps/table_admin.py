@@ -20,8 +20,17 @@ def _client() -> Any:
 
 def shrink(tables: list[str] | None = None, client: Any = None) -> dict[str, int]:
     """End a pass of the lazy ``tables`` (default: all) on every server; rows dropped per
-    table, summed over the servers. Call it from one trainer, between steps."""
-    client = client or _client()
+    table, summed over the servers. Call it from one trainer, between steps. Without
+    ``client``, the current engine's (``PSEngine.shrink``: its replay log keeps the call)."""
+    if client is None:
+        from longboat.ps.engine import current
+
+        return current().shrink(tables)
+    return shrink_on(client, tables)
+
+
+def shrink_on(client: Any, tables: list[str] | None) -> dict[str, int]:
+    """``shrink`` through ``client``."""
     msgs = {
         s: Message({"shrink": tables if tables is not None else True}) for s in range(len(client))
     }

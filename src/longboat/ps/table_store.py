@@ -290,25 +290,43 @@ class LazyRows:
         self.last_pass = rows["last_pass"].to(torch.int32).clone()
         self.state = {k: rows[f"state.{k}"].float().clone() for k in self.state}
 
-    def extra_state(self) -> dict[str, Any]:
-        """The small rest of the shard for a checkpoint: pass count and admission counters."""
-        m = len(self.seen)
-        return {
-            "passes": self.passes,
-            "seen_ids": self.seen.ids.clone(),
-            "seen_counts": self.seen_counts[:m].clone(),
-            "seen_pass": self.seen_pass[:m].clone(),
+    def extra_state(self, counters: bool = True) -> dict[str, Any]:
+        """The rest of the shard for a checkpoint: the pass count and (``counters``) the
+        admission counters, else written by ``save_counters``."""
+        if not counters:
+            return {"passes": self.passes}
+        return {"passes": self.passes} | {
+            f"seen_{k}": v.clone() for k, v in self._counter_columns().items()
         }
 
     def load_extra_state(self, saved: dict[str, Any]) -> None:
         self.passes = int(saved["passes"])
-        ids = saved["seen_ids"]
+        if "seen_ids" in saved:
+            self._load_counters(*(saved[f"seen_{k}"] for k in ("ids", "counts", "pass")))
+
+    def _counter_columns(self) -> dict[str, torch.Tensor]:
+        """The admission counters: ids updated but not admitted, their counts and last pass."""
+        m = len(self.seen)
+        return {"ids": self.seen.ids, "counts": self.seen_counts[:m], "pass": self.seen_pass[:m]}
+
+    def save_counters(self, path: str | Path) -> None:
+        """Write the admission counters to ``path`` in chunks (``row_file``)."""
+        row_file.write(path, len(self.seen), self._counter_columns())
+
+    def load_counters(self, path: str | Path) -> None:
+        """Replace the admission counters with those ``save_counters`` wrote to ``path``."""
+        like = {"ids": (torch.int64, ()), "counts": (torch.int32, ()), "pass": (torch.int32, ())}
+        _, columns = row_file.read(path, like)
+        self._load_counters(columns["ids"], columns["counts"], columns["pass"])
+
+    def _load_counters(self, ids: torch.Tensor, counts: torch.Tensor, last: torch.Tensor) -> None:
         self.seen = RowIndex(len(ids))
-        self.seen.insert(ids)
+        for start in range(0, len(ids), _INSERT_ROWS):
+            self.seen.insert(ids[start : start + _INSERT_ROWS])
         self.seen_counts = torch.zeros(max(len(ids), 16), dtype=torch.int32)
         self.seen_pass = torch.zeros(max(len(ids), 16), dtype=torch.int32)
-        self.seen_counts[: len(ids)] = saved["seen_counts"]
-        self.seen_pass[: len(ids)] = saved["seen_pass"]
+        self.seen_counts[: len(ids)] = counts
+        self.seen_pass[: len(ids)] = last
 
 
 def _grown(t: torch.Tensor, rows: int, filled: int) -> torch.Tensor:

@@ -194,8 +194,10 @@ def apply_rows(table: Table, rows: torch.Tensor, grad: torch.Tensor, divisor: in
 
 def table_state(table: Table, rows_file: Path | None = None) -> dict[str, Any]:
     """``table`` for a checkpoint (tensors, numbers, strings: weights_only-safe). A lazy
-    table's rows go to ``rows_file`` in chunks when one is given (its absolute path is kept),
-    else into the dict."""
+    table's rows go to ``rows_file`` in chunks when one is given, and its admission counters
+    to ``counters_file(rows_file)``, else both into the dict; the checkpoint keeps the files'
+    names only: they lie beside the checkpoint (``load_table`` looks for them in the
+    checkpoint's directory, wherever that was moved)."""
     out = {
         "weight": table.weight.clone(),
         "version": table.version,
@@ -204,10 +206,12 @@ def table_state(table: Table, rows_file: Path | None = None) -> dict[str, Any]:
         "state": {k: v.clone() for k, v in table.state.items()},
     }
     if table.lazy is not None:
-        out["lazy"] = table.lazy.extra_state()
+        out["lazy"] = table.lazy.extra_state(counters=rows_file is None)
         if rows_file is not None:
             table.lazy.save(rows_file)
-            out["rows_file"] = str(Path(rows_file).resolve())
+            table.lazy.save_counters(counters_file(rows_file))
+            out["rows_file"] = Path(rows_file).name
+            out["counters_file"] = counters_file(rows_file).name
             stats = table.lazy.stats()
             log.info(
                 "table %r saved: %d rows, %.1f bytes per row (float32 row: %d) to %s",
@@ -222,20 +226,31 @@ def table_state(table: Table, rows_file: Path | None = None) -> dict[str, Any]:
     return out
 
 
-def load_table(saved: dict[str, Any]) -> Table:
-    """The table a ``table_state`` describes."""
+def counters_file(rows_file: str | Path) -> Path:
+    """Where a lazy table's admission counters go beside its ``rows_file``."""
+    return Path(rows_file).with_suffix(".admission.rows")
+
+
+def load_table(
+    saved: dict[str, Any], directory: str | Path | None = None, max_bytes: int = 1 << 62
+) -> Table:
+    """The table a ``table_state`` describes; ``directory``: the checkpoint's (where a lazy
+    table's row file lies; a path saved absolute by older versions is used as it is);
+    ``max_bytes``: the most a lazy table's rows may take on this server, as when created."""
     spec = json.loads(saved["spec"])
     h = optim.check_hparams(spec["optimizer"], spec.get("hparams") or {})
     if "lazy" in saved:
         empty = {**spec, "expected_rows": 0}  # the rows come from the checkpoint
-        table = _make_lazy(str(spec.get("name")), empty, bool(saved["sync"]), 1, 1 << 62)
+        table = _make_lazy(str(spec.get("name")), empty, bool(saved["sync"]), 1, max_bytes)
         table.spec = spec
         assert table.lazy is not None
         if "rows_file" in saved:
-            table.lazy.load(saved["rows_file"])
+            table.lazy.load(Path(directory or ".") / saved["rows_file"])
         else:
             table.lazy.load_rows_dict(saved["lazy"]["rows"])
         table.lazy.load_extra_state(saved["lazy"])
+        if "counters_file" in saved:
+            table.lazy.load_counters(Path(directory or ".") / saved["counters_file"])
         table.version = int(saved["version"])
         return table
     return Table(
