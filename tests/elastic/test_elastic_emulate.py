@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,9 +61,14 @@ def test_a_node_whose_link_is_cut_is_dropped_and_the_others_finish(
     tmp_path: Path,
 ) -> None:
     # the survivors' launchers notice the silent node from its rendezvous heartbeats in about
-    # 1.5 s; their ranks, blocked in a collective with it, leave at the failure timeout
-    text, _ = _emulate(run_id, tmp_path, ["--cut-link", "2@step=4"], LONGBOAT_TIMEOUT="5")
+    # 1.5 s and publish a round without it; their ranks, blocked in a collective with it, close
+    # their connections to it then and leave long before the (here 10 minute) failure timeout
+    began = time.monotonic()
+    text, _ = _emulate(run_id, tmp_path, ["--cut-link", "2@step=4"], LONGBOAT_TIMEOUT="600")
     assert "node 2" in text and "link" in text, text[-4000:]
+    ranks = "".join(f.read_text() for f in (tmp_path / "logs").glob("node*/workerlog.*"))
+    assert re.search(r"has no node at [0-9.]+: closed [1-9]\d* connection", ranks), ranks[-4000:]
+    assert time.monotonic() - began < 600  # the failure timeout did not end the wait
 
 
 @needs_netns

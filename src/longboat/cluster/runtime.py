@@ -16,6 +16,7 @@ import torch.distributed as dist
 from longboat.cluster.env import discover
 from longboat.cluster.info import ClusterError, ClusterInfo
 from longboat.cluster.topology import Topology, gather_topology, node_key
+from longboat.elastic.lost_links import socket_inodes, watch_lost_nodes
 from longboat.elastic.membership import (
     connect_store,
     elastic_dir,
@@ -258,10 +259,13 @@ def init(
     else:
         found = _in_elastic_round(discover())
         name = _resolve_backend(backend, single=found.source == "single")
+        elastic = found.elastic_round is not None
+        sockets_before = set(socket_inodes()) if elastic else set()
         store = _start_group(found, name, wait)
         owns = True
         if found.elastic_round is not None:  # tell the launcher this rank made it
             write_ack(require_elastic_dir(), found.local_rank, found.elastic_round.token)
+            watch_lost_nodes(found.elastic_round, require_elastic_dir(), sockets_before)
         # a script that exits (sys.exit, end of file) without shutdown() would otherwise
         # abort in the process group's destructor and report SIGABRT instead of its exit code
         atexit.unregister(shutdown)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import longboat.cluster as cluster
 from longboat.elastic import world
 from longboat.elastic.failures import describe, is_peer_failure
-from longboat.elastic.membership import ElasticError
+from longboat.elastic.membership import ElasticError, Membership
 from longboat.elastic.state import State
 from longboat.log import get_logger
 
@@ -65,9 +65,7 @@ def run(train: Callable[..., T]) -> Callable[..., T]:
                 "rolled back to" if lost else "keeping",
                 state.commits,
             )
-            membership = world.regroup(reason, lost_peer=lost, strategy=cluster.current_strategy())
-            state.on_reset()
-            source = state.sync()
+            membership, source = _rejoin(state, reason, lost)
             _log.warning(
                 "rank %d of %d after the change (%s); state of rank %d, commit %d, %.2f s",
                 cluster.rank(),
@@ -81,3 +79,25 @@ def run(train: Callable[..., T]) -> Callable[..., T]:
                 state.recovering_since(began)
 
     return wrapper
+
+
+def _rejoin(state: State, reason: str, lost: bool) -> tuple[Membership, int]:
+    """Join the next round, rebuild for it and hand the state around; return the round and
+    the rank whose state everyone took. A peer lost on the way (a member of the new round
+    died or left it) rolls back and starts over with the round after."""
+    for _ in range(MAX_RESETS_WITHOUT_PROGRESS):
+        membership = world.regroup(reason, lost_peer=lost, strategy=cluster.current_strategy())
+        try:
+            state.on_reset()
+            return membership, state.sync()
+        except Exception as exc:
+            if not is_peer_failure(exc):
+                raise
+            reason, lost = describe(exc), True
+            state.restore()
+            _log.warning(
+                "rank %d: %s while joining round %s", cluster.rank(), reason, membership.token
+            )
+    raise ElasticError(
+        f"{MAX_RESETS_WITHOUT_PROGRESS} rounds in a row failed while being joined; last: {reason}"
+    )

@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 import longboat.cluster as cluster
 from longboat.cluster.runtime import ClusterError
-from longboat.elastic.failures import describe
+from longboat.elastic.failures import describe, is_peer_failure
+from longboat.elastic.lost_links import leave_round
 from longboat.elastic.membership import (
     ElasticError,
     Membership,
@@ -92,7 +93,7 @@ def regroup(reason: str, lost_peer: bool, strategy: object = None) -> Membership
     old = joined_round()
     old_token = old.token if old is not None else ""
     local_rank = cluster.local_rank()
-    _leave()
+    _leave(close_connections=lost_peer)
     give_up = time.monotonic() + _launch_timeout()
     while time.monotonic() < give_up:
         published = read_membership(directory)
@@ -105,11 +106,14 @@ def regroup(reason: str, lost_peer: bool, strategy: object = None) -> Membership
             global _survivor
             _survivor = True
             return membership
-        except ClusterError as exc:  # a member died or hung meanwhile
+        except Exception as exc:
+            if not (isinstance(exc, ClusterError) or is_peer_failure(exc)):
+                raise
+            # a member died or hung meanwhile
             _log.warning(
                 "round %s did not form (%s); asking for another", membership.token, describe(exc)
             )
-            _leave()
+            _leave(close_connections=True)
             old_token, lost_peer, reason = membership.token, True, describe(exc)
     raise ElasticError(f"no round formed within {_launch_timeout():.0f} s; last: {reason}")
 
@@ -119,12 +123,20 @@ def _launch_timeout() -> float:
     return float(os.environ.get("LONGBOAT_LAUNCH_TIMEOUT", "300"))
 
 
-def _leave() -> None:
+def _leave(close_connections: bool) -> None:
     """Drop the old process group and everything longboat made for it.
 
-    The groups are aborted first: their connections close at once, so a peer still waiting
-    in a collective with this rank fails now instead of at the job timeout.
+    After a peer failure (``close_connections``) this rank's connections of the round are
+    shut down first, and the groups are aborted: a peer still waiting in a collective with
+    this rank fails now instead of at the failure timeout (Gloo keeps a context's connections
+    open while a collective of it is pending). A planned change (a node joined) leaves at a
+    commit every rank reached, and closes nothing early: a peer may still be finishing the
+    last collective with this rank.
     """
+    if close_connections:
+        closed = leave_round()
+        if closed:
+            _log.info("closed %d connection(s) of the old round", closed)
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     if abort is not None and dist.is_initialized():
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -39,14 +40,23 @@ add_arguments = options.add_arguments
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of the `launch` sub-command; returns the process exit code."""
+    """Entry point of the `launch` sub-command: the process ends with the launch's exit code.
+
+    It ends through ``os._exit`` once the output is flushed: the interpreter's own shutdown
+    would destroy torch's C++ rendezvous and store objects while their threads may still run,
+    and std::terminate then turns the exit code into SIGABRT.
+    """
     console = Console(highlight=False, soft_wrap=True)
     try:
         spec = options.spec_from_args(args)
     except LaunchOptionError as exc:
         console.print(f"longboat launch: {exc}", markup=False)
         return 2
-    return launch(spec, console)
+    code = launch(spec, console)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def launch(spec: LaunchSpec, console: Console) -> int:
