@@ -5,6 +5,8 @@ every other row zero.
     kv.push("emb", g)                                              # summed per row across workers
     out = kvstore.RowSparse.zeros((10, 4))
     kv.row_sparse_pull("emb", out=out, row_ids=torch.tensor([5, 0, 5]))  # out.indices = [0, 5]
+
+On servers the pull moves only the rows asked (``KVClient.pull_rows_many``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from longboat.kvstore.errors import InvalidArgumentError
+from longboat.ps.kv import check_row_ids
 
 
 @dataclass
@@ -77,11 +82,13 @@ def row_sparse_array(
     return RowSparse(torch.as_tensor(data, dtype=dtype), torch.as_tensor(indices), tuple(shape))
 
 
-def check_rows(ids: torch.Tensor, num_rows: int) -> None:
-    """Refuses row ids outside ``[0, num_rows)``, naming one."""
-    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= num_rows):
-        bad = ids[(ids < 0) | (ids >= num_rows)][0].item()
-        raise ValueError(f"row id {bad} is not in [0, {num_rows})")
+def check_rows(ids: torch.Tensor, num_rows: int, what: str = "") -> None:
+    """Refuses row ids outside ``[0, num_rows)`` (``InvalidArgumentError`` naming one, after
+    ``what``: e.g. the call and key)."""
+    try:
+        check_row_ids(ids, num_rows, what)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
 
 
 __all__ = ["RowSparse", "check_rows", "row_sparse_array"]

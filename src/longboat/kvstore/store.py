@@ -136,7 +136,7 @@ class KVStore:
                     if ignore_sparse:
                         log.warning("pull %r: skipped a row_sparse output (row_sparse_pull)", k)
                         continue
-                    self._fill_rows(k, target, value, torch.arange(len(value)))
+                    self._fill_every_row(k, target, value)
                     continue
                 self._check_shape("pull", k, target.shape, value.shape)
                 target.copy_(value)
@@ -152,8 +152,8 @@ class KVStore:
     ) -> Any:
         """Fill each ``RowSparse`` in ``out`` with the rows ``row_ids`` (1-D, any order,
         repeats allowed) of the key's value: ``out.indices`` becomes the sorted unique ids.
-        One ``row_ids`` for several outputs of a key serves them all. The rows are cut from a
-        full pull of the key (the servers' kv blocks have no row-level pull)."""
+        One ``row_ids`` for several outputs of a key serves them all. Only the rows asked
+        travel, from the servers holding them (one message per server for all the keys)."""
         if out is None or row_ids is None:
             raise InvalidArgumentError("row_sparse_pull needs out= and row_ids=")
         keys, outs = self._outputs("row_sparse_pull", key, out)
@@ -163,21 +163,48 @@ class KVStore:
             raise InvalidArgumentError(
                 f"row_sparse_pull: {len(keys)} keys but {len(ids_per_key)} row_ids"
             )
-        values = self._kv.pull_many(list(dict.fromkeys(self._known(k) for k in keys)))
-        for k, o, ids in zip(keys, outs, ids_per_key, strict=True):
-            targets = [o] if isinstance(o, RowSparse) else list(o)
-            per_target = [ids] if isinstance(ids, torch.Tensor) else list(ids)
-            if len(per_target) == 1:
-                per_target = per_target * len(targets)
-            if len(per_target) != len(targets):
-                raise InvalidArgumentError(
-                    f"row_sparse_pull {k!r}: {len(targets)} outputs but {len(per_target)} row_ids"
-                )
-            for target, rows in zip(targets, per_target, strict=True):
-                if not isinstance(target, RowSparse):
-                    raise TypeError(f"row_sparse_pull {k!r}: out must be RowSparse")
-                self._fill_rows(k, target, values[str(k)], torch.as_tensor(rows))
+        fills = [
+            fill
+            for k, o, ids in zip(keys, outs, ids_per_key, strict=True)
+            for fill in self._row_targets(k, o, ids)
+        ]
+        wanted: dict[str, torch.Tensor] = {}
+        for k, _, rows in fills:
+            name = str(k)
+            wanted[name] = torch.cat([wanted[name], rows]) if name in wanted else rows
+        union = {name: torch.unique(rows) for name, rows in wanted.items()}
+        pulled = self._kv.pull_rows_many(union)  # rows of each key's union of ids, sorted
+        for k, target, rows in fills:
+            name = str(k)
+            data = pulled[name][torch.searchsorted(union[name], rows)]
+            target.indices = rows
+            target.data = data.to(target.data.device, target.data.dtype)
         return out
+
+    def _row_targets(
+        self, key: Key, out: Any, ids: Any
+    ) -> list[tuple[Key, RowSparse, torch.Tensor]]:
+        """(key, output, its sorted unique row ids) for each output of ``key``: checked
+        (RowSparse of the key's shape, ids in range) before anything is pulled."""
+        name = self._known(key)
+        targets = [out] if isinstance(out, RowSparse) else list(out)
+        per_target = [ids] if isinstance(ids, torch.Tensor) else list(ids)
+        if len(per_target) == 1:
+            per_target = per_target * len(targets)
+        if len(per_target) != len(targets):
+            raise InvalidArgumentError(
+                f"row_sparse_pull {key!r}: {len(targets)} outputs but {len(per_target)} row_ids"
+            )
+        fills = []
+        for target, rows in zip(targets, per_target, strict=True):
+            if not isinstance(target, RowSparse):
+                raise TypeError(f"row_sparse_pull {key!r}: out must be RowSparse")
+            shape = self._shapes[name]
+            self._check_shape("row_sparse_pull", key, torch.Size(target.shape), shape)
+            unique = torch.unique(torch.as_tensor(rows, dtype=torch.int64).reshape(-1).cpu())
+            check_rows(unique, shape[0], f"row_sparse_pull {key!r}")
+            fills.append((key, target, unique))
+        return fills
 
     def broadcast(
         self, key: Key | Sequence[Key], value: Value | Sequence[Value], out: Any, priority: int = 0
@@ -308,12 +335,10 @@ class KVStore:
                 "gradient, or use SGD without momentum and wd, or AdaGrad without wd"
             )
 
-    def _fill_rows(self, key: Key, target: RowSparse, value: torch.Tensor, ids: Any) -> None:
-        self._check_shape("row_sparse_pull", key, torch.Size(target.shape), value.shape)
-        rows = torch.unique(torch.as_tensor(ids, dtype=torch.int64).reshape(-1).cpu())
-        check_rows(rows, value.shape[0])
-        target.indices = rows
-        target.data = value[rows].to(target.data.device, target.data.dtype)
+    def _fill_every_row(self, key: Key, target: RowSparse, value: torch.Tensor) -> None:
+        self._check_shape("pull", key, torch.Size(target.shape), value.shape)
+        target.indices = torch.arange(len(value))
+        target.data = value.to(target.data.device, target.data.dtype)
 
     @staticmethod
     def _check_same_shape(what: str, key: Key, parts: Sequence[torch.Tensor]) -> None:

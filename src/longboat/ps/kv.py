@@ -4,6 +4,7 @@
     kv.init("w", torch.zeros(1000, 16))   # the first init of a key wins; later ones are ignored
     kv.push("w", grad)                    # sync: servers average all trainers' pushes, then update
     w = kv.pull("w")                      # sync: waits for this trainer's pushes to be applied
+    r = kv.pull_rows("w", ids)            # rows ids of w: only they travel (w[ids])
 
 A value is split along dim 0 like model parameters (``plan.split_rows``); block ``i`` of key
 ``k`` lives on server ``(crc32(k) + i) % num_servers`` (deterministic, no salted hashing).
@@ -16,6 +17,7 @@ states, no sockets). ``longboat.kvstore`` builds on this class.
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections.abc import Mapping, Sequence
@@ -186,18 +188,11 @@ class KVClient:
         parts: list[tuple[int, int, str, int, torch.Tensor | None]] = []
         for key in keys:
             shape, dtype, blocks = self._known(key)
-            version = self._pushes[key] if self.sync else 0
+            version = self._version(key)
             row_bytes = math.prod(shape[1:]) * dtype.itemsize
             for i, (server, a, b) in enumerate(blocks):
                 parts.append((server, version, f"{_PREFIX}{key}/{i}", (b - a) * row_bytes, None))
-        calls = [
-            self.client.start(server, "pull", Message({"keys": [k for k, _ in chunk],
-                                                       "version": version}))
-            for (server, version), chunk in self._grouped(parts)
-        ]  # fmt: skip
-        got: dict[str, torch.Tensor] = {}
-        for call in calls:
-            got.update(call.result().tensors)
+        got = self._fetch(parts)
         out = {}
         for key in keys:
             shape, dtype, blocks = self._known(key)
@@ -205,6 +200,63 @@ class KVClient:
             for i, (_, a, b) in enumerate(blocks):
                 self._rows(value, a, b).copy_(got[f"{_PREFIX}{key}/{i}"])
         return out
+
+    def pull_rows(self, key: str, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of ``key``'s value (see ``pull_rows_many``)."""
+        return self.pull_rows_many({key: ids})[key]
+
+    def pull_rows_many(self, ids: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Rows ``ids[key]`` (integers along dim 0, any order, repeats allowed) of each key's
+        value, in the order asked. Only those rows travel: each distinct id once, asked of the
+        server holding the block it falls in (no message to servers holding none of them).
+        Sync: waits as ``pull`` does; one message per server and version, in parallel."""
+        parts: list[tuple[int, int, str, int, torch.Tensor | None]] = []
+        wanted: dict[str, tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]] = {}
+        for key, asked in ids.items():
+            shape, dtype, blocks = self._known(key)
+            if not shape:
+                raise ValueError(f"kv key {key!r} holds a 0-d value, which has no rows to pull")
+            uniq, inverse = torch.unique(_row_ids(key, asked, shape[0]), return_inverse=True)
+            bounds = torch.tensor([a for _, a, _ in blocks] + [shape[0]])
+            cuts = torch.searchsorted(uniq, bounds).tolist()  # uniq[cuts[i]:cuts[i+1]]: block i
+            spans = [(i, lo, hi) for i, (lo, hi) in enumerate(itertools.pairwise(cuts)) if hi > lo]
+            wanted[key] = (uniq, inverse, spans)
+            per_row = math.prod(shape[1:]) * dtype.itemsize + 8  # the row, and its id asked
+            for i, lo, hi in spans:
+                server, a, _ = blocks[i]
+                block = f"{_PREFIX}{key}/{i}@ids"
+                parts.append((server, self._version(key), block, (hi - lo) * per_row,
+                              uniq[lo:hi] - a))  # fmt: skip
+        got = self._fetch(parts)
+        out = {}
+        for key, (uniq, inverse, spans) in wanted.items():
+            shape, dtype, _ = self._known(key)
+            rows = torch.empty(len(uniq), *shape[1:], dtype=dtype)
+            for i, lo, hi in spans:
+                rows[lo:hi] = got[f"{_PREFIX}{key}/{i}@rows"]
+            out[key] = rows[inverse]
+        return out
+
+    def _version(self, key: str) -> int:
+        """The version a pull of ``key`` waits for (sync: this trainer's pushes of it)."""
+        return self._pushes[key] if self.sync else 0
+
+    def _fetch(
+        self, parts: list[tuple[int, int, str, int, torch.Tensor | None]]
+    ) -> dict[str, torch.Tensor]:
+        """Pull ``parts`` (server, version, name, reply bytes, ids): a whole block when ids is
+        None (the reply names it ``name``), else rows of it (``name`` is ``<block>@ids``, the
+        reply's ``<block>@rows``); every reply's tensors."""
+        calls = []
+        for (server, version), chunk in self._grouped(parts):
+            keys = [k for k, t in chunk if t is None]
+            rows = {k: t for k, t in chunk if t is not None}
+            msg = Message({"keys": keys, "version": version}, rows)
+            calls.append(self.client.start(server, "pull", msg))
+        got: dict[str, torch.Tensor] = {}
+        for call in calls:
+            got.update(call.result().tensors)
+        return got
 
     def _grouped(
         self, parts: list[tuple[int, int, str, int, torch.Tensor | None]]
@@ -228,3 +280,23 @@ class KVClient:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _row_ids(key: str, ids: torch.Tensor | Sequence[int], num_rows: int) -> torch.Tensor:
+    """``ids`` as a flat int64 tensor on the CPU; refuses non-integer ids and ids outside
+    ``[0, num_rows)``, naming the key and one bad id."""
+    flat = torch.as_tensor(ids).reshape(-1).cpu()
+    if flat.is_floating_point() or flat.is_complex() or flat.dtype == torch.bool:
+        raise TypeError(f"kv key {key!r}: row ids must be integers, got {flat.dtype}")
+    flat = flat.to(torch.int64)
+    check_row_ids(flat, num_rows, f"kv key {key!r}")
+    return flat
+
+
+def check_row_ids(ids: torch.Tensor, num_rows: int, what: str = "") -> None:
+    """Refuses row ids outside ``[0, num_rows)`` with a ValueError naming one (after
+    ``what``, e.g. the key)."""
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= num_rows):
+        bad = ids[(ids < 0) | (ids >= num_rows)][0].item()
+        prefix = f"{what}: " if what else ""
+        raise ValueError(f"{prefix}row id {bad} is not in [0, {num_rows})")

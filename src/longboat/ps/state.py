@@ -405,14 +405,20 @@ class ServerState:
 
     # ---- pull -----------------------------------------------------------------------------
     def pull(self, msg: Message, deadline: float) -> bytes:
-        """The encoded values of the requested blocks and table rows, once they reach
-        ``version`` (encoded under the lock: one copy, never a half-updated block)."""
+        """The encoded values of the requested blocks and rows, once they reach ``version``
+        (encoded under the lock: one copy, never a half-updated block). ``<name>@ids`` asks
+        for rows: of table ``name`` by global id, else of block ``name`` by row of its value
+        (sorted, unique: the reply is never larger than the block); they come back as
+        ``<name>@rows``."""
         keys = msg.meta.get("keys") or []
         version = meta_int(msg.meta, "version", 0)
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise RequestError("'keys' must be a list of block keys")
         if any(not k.endswith("@ids") for k in msg.tensors):
-            raise RequestError("a pull carries only '<table>@ids' tensors (the rows it wants)")
+            raise RequestError(
+                "a pull carries only '<table>@ids' tensors (the rows it wants; a block's "
+                "rows as '<block>@ids')"
+            )
         id_entries = {k[: -len("@ids")]: t for k, t in msg.tensors.items()}
         trainer = msg.meta.get("trainer")
         with self.cond, self._calling(trainer if isinstance(trainer, int) else None):
@@ -420,10 +426,13 @@ class ServerState:
                 if key not in self.blocks:
                     raise RequestError(f"server {self.index} holds no block {key!r}")
             for name, ids in id_entries.items():
-                if name not in self.tables or ids.dtype != torch.int64 or ids.dim() != 1:
-                    raise RequestError(f"pull of table {name!r}: unknown table or ids not int64")
+                if ids.dtype != torch.int64 or ids.dim() != 1:
+                    raise RequestError(f"pull of rows of {name!r}: ids must be 1-D int64")
+                if name not in self.tables:
+                    self._check_block_rows(name, ids)
 
-            holders = [self.blocks[k] for k in keys] + [self.tables[n] for n in id_entries]
+            holders = [self.blocks[k] for k in keys]
+            holders += [self.tables[n] if n in self.tables else self.blocks[n] for n in id_entries]
             rollbacks = self.rollbacks
 
             def ready() -> bool:
@@ -435,8 +444,27 @@ class ServerState:
             self._wait(ready, deadline, f"blocks/tables reaching step {version}")
             out = {k: self.blocks[k].value for k in keys}
             for name, ids in id_entries.items():
-                out[f"{name}@rows"] = read_rows(self.tables[name], self._local_rows(name, ids))
+                out[f"{name}@rows"] = (
+                    read_rows(self.tables[name], self._local_rows(name, ids))
+                    if name in self.tables
+                    else self.blocks[name].value.index_select(0, ids)
+                )
             return wire.encode(Message({}, out))
+
+    def _check_block_rows(self, key: str, ids: torch.Tensor) -> None:
+        """Refuse a row pull of block ``key`` unless ``ids`` are sorted, unique rows of it."""
+        block = self.blocks.get(key)
+        if block is None:
+            raise RequestError(f"server {self.index} holds no table or block {key!r}")
+        if block.value.dim() == 0:
+            raise RequestError(f"row pull of block {key!r}: a 0-d value has no rows")
+        rows = len(block.value)
+        if len(ids) and (
+            int(ids[0]) < 0 or int(ids[-1]) >= rows or not bool((ids[1:] > ids[:-1]).all())
+        ):
+            raise RequestError(
+                f"row pull of block {key!r}: ids must be sorted, unique and in [0, {rows})"
+            )
 
     def _refuse_lost_pull(
         self, trainer: Any, version: int, behind: list[DenseBlock | Table], rollbacks: int
