@@ -16,14 +16,14 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from _emulated_runs import Job, calibrated_links, predict, predicted_settings, profiles, run_job
 
 CONFIGS: list[dict[str, Any]] = [
     {
@@ -99,84 +99,9 @@ CONFIGS: list[dict[str, Any]] = [
         "strategy": {"localsgd": True, "localsgd_configs": {"k_steps": 4}},
     },
 ]
-WARMUP, STEPS, ROUNDS = 4, 4, 7
-
-
-def worker(out: str, model: str, fields_json: str) -> None:
-    """One rank of a measured job: bench train's loop on longboat only."""
-    import torch
-
-    import longboat as lb
-    from longboat.tools.bench.train import MODELS, Config, _batches, _round
-
-    lb.init()
-    torch.set_num_threads(1)
-    fields = json.loads(fields_json)
-    spec = MODELS[model]
-    net = spec.build()
-    net, opt = lb.distribute(
-        net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9), lb.Strategy(**fields)
-    )
-    config = Config(model, WARMUP, STEPS, ROUNDS, "memory", 0, fields)
-    batches = _batches(spec, config, lb.rank())
-    _round(net, opt, batches, WARMUP)
-    rounds = [_round(net, opt, batches, STEPS)[0] for _ in range(ROUNDS)]
-    if lb.rank() == 0:
-        Path(out).write_text(json.dumps({"rounds": rounds, "median": statistics.median(rounds)}))
-
-
-def measure(config: dict[str, Any], tmp: Path) -> float:
-    out = tmp / f"{config['name']}.json"
-    cmd = [
-        sys.executable, "-m", "longboat", "emulate", "--nodes", str(config["nodes"]),
-        "--nproc-per-node", str(config["ppn"]), "--bandwidth", config["rate"], "--timeout", "600",
-        "--log-dir", str(tmp / "logs" / config["name"]), __file__, "rank-worker", str(out),
-        config["model"], json.dumps(config["strategy"]),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode or not out.exists():
-        raise RuntimeError(
-            f"{config['name']}: exit {proc.returncode}\n{(proc.stdout + proc.stderr)[-3000:]}"
-        )
-    return float(json.loads(out.read_text())["median"])
-
-
-def predict(config: dict[str, Any], profile: Any, calibrated: Any) -> float:
-    """The calibrated cluster of the configuration's link rate, cut to its nodes and ranks."""
-    from longboat.sim import simulate
-    from longboat.strategy import Strategy
-
-    cluster = dataclasses.replace(
-        calibrated[config["rate"]], nodes=config["nodes"], devices_per_node=config["ppn"]
-    )
-    return simulate(profile, cluster, Strategy(**config["strategy"])).step_s
-
-
-def calibrated_links(rates: list[str], out: Path, reuse: bool) -> dict[str, Any]:
-    """`longboat sim calibrate --emulate RATE` for each rate (files cached in ``out``)."""
-    from longboat.sim import cluster
-    from longboat.sim.calibrate import (
-        local_cluster,
-        measure_emulated,
-        measure_local,
-        with_emulated_link,
-    )
-
-    paths = {rate: out / f"calibrated-{rate}.yaml" for rate in rates}
-    if reuse and all(p.exists() for p in paths.values()):
-        return {rate: cluster.load(p) for rate, p in paths.items()}
-    local = local_cluster(measure_local(2, 7))
-    result = {}
-    for rate in rates:
-        result[rate] = with_emulated_link(local, measure_emulated(rate, 7), rate)
-        cluster.save(result[rate], paths[rate])
-    return result
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "rank-worker":
-        worker(*sys.argv[2:5])
-        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--out", default="sim-validation", help="directory for calibration, profiles, results"
@@ -193,34 +118,30 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from longboat.sim import load_profile, profile_model
     from longboat.tools.progress import progress
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     configs = [c for c in CONFIGS if not args.only or c["name"] in args.only.split(",")]
     calibrated = calibrated_links(sorted({c["rate"] for c in configs}), out, args.reuse)
-    profiles = {}
-    for model in sorted({c["model"] for c in configs}):
-        path = out / f"profile-{model}.json"
-        if args.reuse and path.exists():
-            profiles[model] = load_profile(path)
-            continue
-        profiles[model] = profile_model(model, repeats=10, warmup=3)
-        profiles[model].save(path)
+    profs = profiles(sorted({c["model"] for c in configs}), out, args.reuse)
     rows = []
     with (
         tempfile.TemporaryDirectory() as tmp,
         progress("sim validation", len(configs), last="-") as done,
     ):
         for c in configs:
-            runs = [measure(c, Path(tmp)) for _ in range(args.jobs)]
+            job = Job(**c)
+            runs = [run_job(job, Path(tmp))["median"] for _ in range(args.jobs)]
             measured = min(runs)
-            predicted = predict(c, profiles[c["model"]], calibrated)
+            predicted = predict(job, profs[c["model"]], calibrated).step_s
             rows.append(
                 c
                 | {
                     "predicted_s": predicted,
+                    "label": json.dumps(c["strategy"])
+                    if c["strategy"]
+                    else f"default: {predicted_settings(job, calibrated)}",
                     "measured_s": measured,
                     "runs_s": runs,
                     "error": predicted / measured - 1,
@@ -234,7 +155,7 @@ def main() -> int:
     for r in rows:
         table.add_row(
             r["name"],
-            json.dumps(r["strategy"]) if r["strategy"] else "default",
+            r["label"],
             f"{r['predicted_s'] * 1e3:.1f}",
             f"{r['measured_s'] * 1e3:.1f}",
             f"{r['error']:+.1%}",
@@ -250,9 +171,8 @@ def main() -> int:
             "| configuration | strategy | predicted ms | measured ms | error |\n|---|---|---|---|---|"
         )
         for r in rows:
-            strategy = json.dumps(r["strategy"]) if r["strategy"] else "default"
             print(
-                f"| {r['name']} | `{strategy}` | {r['predicted_s'] * 1e3:.1f} | {r['measured_s'] * 1e3:.1f} | {r['error']:+.1%} |"
+                f"| {r['name']} | `{r['label']}` | {r['predicted_s'] * 1e3:.1f} | {r['measured_s'] * 1e3:.1f} | {r['error']:+.1%} |"
             )
         print(f"\n{summary}")
     return 0

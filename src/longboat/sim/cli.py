@@ -4,7 +4,7 @@ longboat sim profile --model resnet -o resnet.json          # measure the model 
 longboat sim calibrate [--emulate 1gbit] -o here.yaml        # fit this machine's links
 longboat sim predict --profile resnet.json --cluster c.yaml  # step time, sweep, plot
     [--strategy s.yaml] [--set nccl_comm_num=2] [--max-devices 4096] [--png eff.png]
-    [--recommend [--lossy] [--write best.yaml]]
+    [--recommend [--lossy | --exact] [--write best.yaml]]
 """
 
 from __future__ import annotations
@@ -63,8 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pred.add_argument(
         "--recommend", action="store_true", help="search Strategy settings for the lowest step time"
     )
-    pred.add_argument(
+    precision = pred.add_mutually_exclusive_group()
+    precision.add_argument(
         "--lossy", action="store_true", help="with --recommend: also PowerSGD, DGC, local SGD"
+    )
+    precision.add_argument(
+        "--exact",
+        action="store_true",
+        help="with --recommend: no gradient compression (bf16/fp16 excluded too)",
     )
     pred.add_argument("--top", type=int, default=5, help="with --recommend: rows shown (default 5)")
     pred.add_argument(
@@ -218,7 +224,7 @@ def _predict(args: argparse.Namespace) -> int:
     }
     series = {"strategy": points}
     if args.recommend:
-        choices = recommend(prof, cl, args.lossy, args.top)
+        choices = recommend(prof, cl, args.lossy, args.top, exact=args.exact)
         report.recommend_table(choices, here)
         best = choices[0]
         text = to_yaml(

@@ -1,7 +1,8 @@
 """Predict one training step of a profile on a cluster under a Strategy.
 
 Collective mode: backward produces the gradients at the profiled times; the real bucket plan
-(`longboat.collective.buckets.plan_buckets`, with the Strategy's caps) groups them; each bucket
+(`longboat.collective.buckets.plan_buckets`, with the Strategy's caps; settings chosen by the
+topology rule are resolved for the cluster, see `comm_settings`) groups them; each bucket
 is launched when its last gradient is ready (in plan order) on communicator ``b mod
 nccl_comm_num`` and costed by `longboat.sim.compression` / `longboat.sim.cost`; the timeline
 (`longboat.sim.timeline`) overlaps it with the rest of backward. The step is
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from longboat.cluster.topology import comm_defaults
 from longboat.collective.buckets import plan_buckets
 from longboat.sim import cost, devices
 from longboat.sim.cluster import Cluster
@@ -22,7 +24,12 @@ from longboat.sim.compression import bucket_parts
 from longboat.sim.profile import Profile
 from longboat.sim.timeline import Job, finish_times
 from longboat.strategy import Strategy
-from longboat.strategy.selection import compressor_config, selected_algorithm, selected_compressor
+from longboat.strategy.selection import (
+    TOPOLOGY,
+    compressor_config,
+    selected_algorithm,
+    selected_compressor,
+)
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,33 @@ class Prediction:
         from dataclasses import asdict
 
         return asdict(self) | {"overlap": self.overlap}
+
+
+@dataclass(frozen=True)
+class CommSettings:
+    """The allreduce algorithm, bucket cap and communicator count a job runs with."""
+
+    algorithm: str
+    cap_mb: float
+    comms: int
+
+
+def comm_settings(strategy: Strategy, cluster: Cluster) -> CommSettings:
+    """What the engine runs ``strategy`` with on ``cluster``: ``allreduce_algorithm='topology'``
+    and a bucket cap or communicator count left at its default follow the topology rule
+    (`longboat.cluster.topology.comm_defaults`) of the cluster's placement and backend."""
+    node_of = [rank // cluster.devices_per_node for rank in range(cluster.world)]
+    rule = comm_defaults(node_of, "gloo" if cluster.device == "cpu" else "nccl")
+    algorithm = selected_algorithm(strategy)
+    if strategy.allreduce_algorithm == TOPOLOGY and not strategy.use_hierarchical_allreduce:
+        algorithm = rule.algorithm  # the rule of this cluster, not of a live one in this process
+    by_rule = {
+        field: getattr(rule if strategy.source(field) == "default" else strategy, field)
+        for field in ("fuse_grad_size_in_MB", "nccl_comm_num")
+    }
+    return CommSettings(
+        algorithm, float(by_rule["fuse_grad_size_in_MB"]), int(by_rule["nccl_comm_num"])
+    )
 
 
 def device_profile(profile: Profile, cluster: Cluster, amp: bool) -> Profile:
@@ -108,7 +142,8 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         return simulate_ps(profile, cluster, strategy)
     prof = device_profile(profile, cluster, bool(strategy.amp))
     fwd, bwd, opt = prof.forward_s, prof.backward_s, prof.optimizer_s
-    algorithm = selected_algorithm(strategy)
+    settings = comm_settings(strategy, cluster)
+    algorithm = settings.algorithm
     notes: list[str] = []
     if algorithm == "shm" and cluster.nodes > 1:
         raise cost.CostError("allreduce_algorithm='shm' works on one node only")
@@ -140,12 +175,12 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
     plan = plan_buckets(
         prof.grad_specs(),
         fuse=bool(strategy.fuse_all_reduce_ops),
-        cap_mb=float(strategy.fuse_grad_size_in_MB),
+        cap_mb=settings.cap_mb,
         max_layers=int(strategy.fuse_grad_size_in_TFLOPS),
         last_cap_mb=float(strategy.last_comm_group_size_MB),
     )
     compression, config = compression_of(strategy)
-    comms = int(strategy.nccl_comm_num)
+    comms = settings.comms
     rate = flop_rate(profile, cluster)
     copy_s = 2 * prof.grad_bytes / cluster.mem_bw if cluster.world > 1 else 0.0
     jobs, sent, total, chosen = [], 0, 0.0, set()

@@ -2,9 +2,11 @@
 
 Candidates: every applicable allreduce algorithm x bucket caps x communicator counts x
 {no compression, bf16, fp16}; with ``lossy=True`` also PowerSGD, DGC and local SGD (they change
-the training dynamics, so they are only proposed when asked); parameter servers (sync) when the
-cluster has a ``ps`` section. Each candidate is a real Strategy (conflicts refused as in
-training).
+the training dynamics, so they are only proposed when asked); with ``exact=True`` no
+compression at all (bf16/fp16 round every gradient, so only the settings that send the gradients
+as they are remain: the training result is that of the default Strategy up to summation order);
+parameter servers (sync) when the cluster has a ``ps`` section. Each candidate is a real
+Strategy (conflicts refused as in training).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import yaml
 
 from longboat.sim import cost
 from longboat.sim.cluster import Cluster
-from longboat.sim.predict import Prediction, simulate
+from longboat.sim.predict import Prediction, comm_settings, simulate
 from longboat.sim.profile import Profile
 from longboat.strategy import Strategy, StrategyError
 from longboat.tools.progress import progress
 
-CAPS_MB = (1, 4, 16, 32, 64, 128)
+CAPS_MB = (1, 2, 4, 16, 32, 64, 128)
 COMMS = (1, 2, 4)
 TIE = 0.005  # relative step-time difference treated as a tie
 
@@ -37,26 +39,24 @@ class Choice:
         return Strategy(**self.fields)
 
 
-def candidates(cluster: Cluster, lossy: bool = False) -> list[dict[str, Any]]:
-    """Strategy fields to try (each a non-default subset)."""
+def candidates(cluster: Cluster, lossy: bool = False, exact: bool = False) -> list[dict[str, Any]]:
+    """Strategy fields to try, the default Strategy (``{}``) first."""
+    if lossy and exact:
+        raise ValueError("lossy and exact exclude each other")
     algorithms = [
         a for a in ("native", "ring", "hierarchical", "shm") if cost.applicable(a, cluster)
     ]
     if cluster.nodes == 1:
         algorithms = [a for a in algorithms if a != "hierarchical"]
-    compressions: list[dict[str, Any]] = [
-        {},
-        {"gradient_compression": "bf16"},
-        {"gradient_compression": "fp16"},
-    ]
+    compressions: list[dict[str, Any]] = [{}]
+    if not exact:
+        compressions += [{"gradient_compression": "bf16"}, {"gradient_compression": "fp16"}]
     if lossy:
         compressions += [{"gradient_compression": "powersgd"}, {"dgc": True}]
-    out = []
+    out: list[dict[str, Any]] = [{}]
     for algo, cap, comms, comp in itertools.product(algorithms, CAPS_MB, COMMS, compressions):
-        fields: dict[str, Any] = {"allreduce_algorithm": algo, "fuse_grad_size_in_MB": float(cap)}
-        if comms > 1:
-            fields["nccl_comm_num"] = comms
-        out.append(fields | comp)
+        fields = {"allreduce_algorithm": algo, "fuse_grad_size_in_MB": float(cap)}
+        out.append(fields | {"nccl_comm_num": comms} | comp)
     if lossy:
         for algo, k in itertools.product(algorithms, (2, 4, 8)):
             out.append(
@@ -68,30 +68,44 @@ def candidates(cluster: Cluster, lossy: bool = False) -> list[dict[str, Any]]:
 
 
 def recommend(
-    profile: Profile, cluster: Cluster, lossy: bool = False, top: int = 5, show: bool = True
+    profile: Profile,
+    cluster: Cluster,
+    lossy: bool = False,
+    top: int = 5,
+    show: bool = True,
+    exact: bool = False,
 ) -> list[Choice]:
-    """The ``top`` candidates, fastest first; candidates within ``TIE`` of each other are ordered
-    by how few settings they change (the simpler one first). Fields left at their defaults are
-    dropped."""
-    defaults = Strategy().to_dict()
+    """The ``top`` candidates: those within ``TIE`` of the fastest first, the fewest changed
+    settings first (a predicted gain below ``TIE`` is no reason to change a setting), then the
+    rest, fastest first. Fields equal to what the default Strategy runs with on ``cluster``
+    (topology-chosen settings resolved) are dropped."""
+    default = comm_settings(Strategy(), cluster)
+    defaults = Strategy().to_dict() | {
+        "allreduce_algorithm": default.algorithm,
+        "fuse_grad_size_in_MB": default.cap_mb,
+        "nccl_comm_num": default.comms,
+    }
     choices = []
-    fields_list = candidates(cluster, lossy)
+    fields_list = candidates(cluster, lossy, exact)
     with progress("sim recommend", len(fields_list), show) as done:
         for fields in fields_list:
             done()
             try:
                 strategy = Strategy(**fields)
-            except StrategyError:
+                strategy.check()  # conflicts are checked at use, not on construction
+            except (StrategyError, NotImplementedError):
                 continue
             changed = {k: v for k, v in fields.items() if k not in defaults or defaults[k] != v}
             choices.append(Choice(changed, simulate(profile, cluster, strategy)))
     if not choices:
         return []
     best = min(c.prediction.step_s for c in choices)
-    choices.sort(
-        key=lambda c: (round(c.prediction.step_s / best / TIE), len(c.fields), c.prediction.step_s)
-    )
-    return choices[:top]
+
+    def order(c: Choice) -> tuple[bool, int, float]:
+        near = c.prediction.step_s <= best * (1 + TIE)
+        return (not near, len(c.fields) if near else 0, c.prediction.step_s)
+
+    return sorted(choices, key=order)[:top]
 
 
 def to_yaml(choice: Choice, header: str = "") -> str:
