@@ -1,6 +1,7 @@
 """One training step: longboat vs torch DDP, same model, same ranks, same run.
 
     python benchmarks/step_vs_ddp.py --nproc 2 --rounds 7 --steps 20
+    torchrun --nproc-per-node 2 benchmarks/step_vs_ddp.py ...  # ranks of a launcher
 
 A thin caller of `longboat bench train` (``longboat.tools.bench.train``): each rank builds two
 identical models, one under ``lb.distribute`` and one under DDP, and alternates timed rounds
@@ -11,11 +12,17 @@ per-round ratio longboat/DDP as a Markdown table for docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
+import os
 
 from longboat.tools.bench import train
 
 # the table's historical names -> bench train's models
-MODELS = {"mlp-6M": "mlp", "mlp-0.3M": "mlp-0.3M", "convnet-0.3M": "convnet"}
+MODELS = {
+    "mlp-6M": "mlp",
+    "mlp-0.3M": "mlp-0.3M",
+    "convnet-0.3M": "convnet",
+    "transformer": "transformer",
+}
 
 
 def main() -> None:
@@ -35,14 +42,19 @@ def main() -> None:
     )
     args = parser.parse_args()
     fields = train.strategy_fields(None, args.set)
-    print(
-        "| model | params | longboat step ms (median) | DDP step ms (median) "
-        "| longboat/DDP (median of paired rounds) | p25-p75 of paired ratios | rounds x steps |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    leader = int(os.environ.get("RANK", "0")) == 0  # under a launcher (torchrun), rank 0 prints
+    if leader:
+        print(
+            "| model | params | longboat step ms (median) | DDP step ms (median) "
+            "| longboat/DDP (median of paired rounds) | p25-p75 of paired ratios | rounds x steps |"
+        )
+        print("|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         config = train.Config(MODELS[name], 3, args.steps, args.rounds, "memory", 0, fields)
-        ours, ddp = train.run_model(config, [args.nproc])
+        rows = train.run_model(config, [args.nproc])
+        if not leader:
+            continue
+        ours, ddp = rows
         q1, q3 = ours["longboat_over_ddp_p25_p75"]
         print(
             f"| {name} | {ours['params'] / 1e6:.2f} M | {ours['step_ms']:.2f} | "

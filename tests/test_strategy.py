@@ -47,6 +47,18 @@ FLEET_TABLES: dict[str, tuple[str, Any]] = {
     "enable_inplace": ("BuildStrategy", False),
     "enable_backward_optimizer_op_deps": ("BuildStrategy", True),
     "cache_runtime_context": ("BuildStrategy", False),
+    "memory_optimize": ("BuildStrategy", False),
+    "enable_addto": ("BuildStrategy", False),
+    "enable_auto_fusion": ("BuildStrategy", False),
+    "fuse_bn_add_act_ops": ("BuildStrategy", True),
+    "fuse_gemm_epilogue": ("BuildStrategy", False),
+    "fused_attention": ("BuildStrategy", False),
+    "fused_feedforward": ("BuildStrategy", False),
+    "recompute": ("DistributedStrategy", False),
+    "elastic": ("DistributedStrategy", False),
+    "pipeline": ("DistributedStrategy", False),
+    "sharding": ("DistributedStrategy", False),
+    "tensor_parallel": ("DistributedStrategy", False),
     "num_threads": ("ExecutionStrategy", 1),
     "num_iteration_per_drop_scope": ("ExecutionStrategy", 10),
     "num_iteration_per_run": ("ExecutionStrategy", 3),
@@ -66,10 +78,11 @@ OTHER_DEFAULTS: dict[str, Any] = {
     "fp16_allreduce": False,
     "last_comm_group_size_MB": 1.0,
     "find_unused_parameters": False,
-    "allreduce_algorithm": "native",
+    "allreduce_algorithm": "topology",
     "timeline": None,
     "stall_warning_seconds": 60.0,
     "stall_shutdown_seconds": 0.0,
+    "sparse_table_configs": {},
 }
 
 CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -123,6 +136,34 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "launch_barrier": True,
         "lr_decay_steps": 10,
         "update_on_server": True,
+    },
+    "recompute_configs": {"checkpoints": [], "enable_offload": False, "checkpoint_shape": []},
+    "pipeline_configs": {
+        "micro_batch_size": 1,
+        "accumulate_steps": 1,
+        "schedule_mode": "1F1B",
+        "p2p_cache_shape": True,
+        "enable_partial_send_recv": True,
+    },
+    "sharding_configs": {
+        "sharding_degree": 8,
+        "stage": 1,
+        "segment_broadcast_MB": 32.0,
+        "segment_anchors": [],
+        "gradient_merge_acc_step": 1,
+        "optimize_offload": False,
+        "dp_degree": 1,
+        "mp_degree": 1,
+        "pp_degree": 1,
+    },
+    "tensor_parallel_configs": {"tensor_parallel_degree": 1, "tensor_init_seed": -1},
+    "hybrid_configs": {
+        "dp_degree": -1,
+        "mp_degree": 1,
+        "pp_degree": 1,
+        "sharding_degree": 1,
+        "sep_degree": 1,
+        "order": ["dp", "pp", "sharding", "sep", "mp"],
     },
 }
 
@@ -394,10 +435,17 @@ def test_update_sets_several_fields_atomically() -> None:
     assert s.nccl_comm_num == 1
 
 
-# ---- conflicts ----------------------------------------------------------------------------
+# ---- conflicts (checked when the strategy is used) ----------------------------------------
 
 # (existing fields, field assigned, value that creates the conflict, the other field named)
 CONFLICT_CASES = [
+    (
+        {"sparse_table_configs": {"emb": {"sparse_learning_rate": 0.1}}},
+        "mode",
+        "collective",
+        "sparse_table_configs",
+    ),
+    ({"recompute_configs": {"enable_offload": True}}, "recompute", True, "recompute_configs"),
     ({"gradient_merge": True}, "localsgd", True, "gradient_merge"),
     ({"adaptive_localsgd": True}, "localsgd", True, "adaptive_localsgd"),
     ({"amp": True}, "dgc", True, "amp"),
@@ -421,38 +469,46 @@ def test_conflict_cases_cover_every_rule() -> None:
 
 
 @pytest.mark.parametrize(("existing", "name", "value", "other"), CONFLICT_CASES)
-def test_conflicting_assignment_names_both_and_changes_nothing(
+def test_conflict_is_accepted_on_assignment_and_refused_at_use(
     existing: dict[str, Any], name: str, value: Any, other: str
 ) -> None:
     s = make(**existing)
-    before = s.to_dict()
+    setattr(s, name, value)  # any order of assignments is accepted
     with pytest.raises(StrategyError) as info:
-        setattr(s, name, value)
+        s.check()
     message = str(info.value)
     assert f"Strategy.{name}=" in message and f"Strategy.{other}=" in message
     assert "cannot be combined" in message
-    assert s.to_dict() == before
+    with pytest.raises(StrategyError, match="cannot be combined"):
+        s.check_implemented()  # the older name runs the same check
 
 
 @pytest.mark.parametrize(("existing", "name", "value", "other"), CONFLICT_CASES)
-def test_conflicting_constructor_raises(
+def test_conflicting_constructor_is_refused_at_use(
     existing: dict[str, Any], name: str, value: Any, other: str
 ) -> None:
+    s = make(**{**existing, name: value})
     with pytest.raises(StrategyError, match=f"conflicting settings: .*Strategy.{other}="):
-        make(**{**existing, name: value})
+        s.check()
 
 
 def test_dgc_with_bfloat16_amp_is_allowed_until_dtype_becomes_float16() -> None:
     s = make(amp=True, amp_configs={"dtype": "bfloat16"}, dgc=True)
+    s.check()
+    s.amp_configs["dtype"] = "float16"
     with pytest.raises(StrategyError, match="float32 gradients"):
-        s.amp_configs["dtype"] = "float16"
-    assert s.amp_configs["dtype"] == "bfloat16"
+        s.check()
 
 
-def test_a_sync_configs_need_ps_mode() -> None:
-    with pytest.raises(StrategyError, match=r"Strategy.a_sync_configs=\{'k_steps': 0\}"):
-        make(a_sync_configs={"k_steps": 0})
-    assert make(a_sync_configs={"k_steps": 0}, mode="ps").a_sync_configs["k_steps"] == 0
+def test_a_sync_configs_need_ps_mode_whatever_the_order() -> None:
+    s = make()
+    s.a_sync_configs = {"k_steps": 100}
+    s.a_sync = True
+    with pytest.raises(StrategyError, match=r"Strategy.a_sync_configs=\{'k_steps': 100\}"):
+        s.check()
+    s.mode = "ps"
+    s.check()
+    assert s.a_sync_configs["k_steps"] == 100
 
 
 def test_switching_between_conflicting_features_works_atomically() -> None:
@@ -465,8 +521,6 @@ def test_switching_between_conflicting_features_works_atomically() -> None:
 # ---- status ---------------------------------------------------------------------------------
 
 NOT_APPLICABLE = {
-    "enable_inplace": (True, "inplace=True"),
-    "cache_runtime_context": (True, "no per-op runtime context"),
     "num_iteration_per_drop_scope": (
         30,
         "PyTorch frees temporaries as soon as they are unreferenced",
@@ -476,8 +530,20 @@ NOT_APPLICABLE = {
 }
 
 
+NO_EFFECT = {
+    "enable_inplace", "cache_runtime_context", "memory_optimize", "enable_addto",
+    "enable_auto_fusion", "fuse_bn_add_act_ops", "fuse_gemm_epilogue", "fused_attention",
+    "fused_feedforward",
+}  # fmt: skip
+OUTSIDE_DATA_PARALLEL = {
+    "pipeline", "pipeline_configs", "sharding", "sharding_configs", "tensor_parallel",
+    "tensor_parallel_configs", "hybrid_configs",
+}  # fmt: skip
+
+
 def test_not_applicable_fields() -> None:
-    assert set(fields_by_status("not applicable")) == set(NOT_APPLICABLE)
+    found = set(fields_by_status("not applicable"))
+    assert found == set(NOT_APPLICABLE) | NO_EFFECT | OUTSIDE_DATA_PARALLEL
 
 
 @pytest.mark.parametrize("name", sorted(NOT_APPLICABLE))
@@ -511,6 +577,7 @@ IMPLEMENTED = {
     "gradient_compression", "powersgd_configs",
     "timeline", "stall_warning_seconds", "stall_shutdown_seconds",
     "a_sync_configs", "use_thread_barrier", "auto",
+    "recompute", "recompute_configs", "sparse_table_configs", "elastic",
 }  # fmt: skip
 PLANNED: dict[str, str] = {}  # field -> planned feature; none left
 

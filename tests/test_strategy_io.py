@@ -193,7 +193,7 @@ def test_env_config_json_or_yaml_flow_merges(text: str) -> None:
         ("LONGBOAT_AMP_CONFIGS", "[1, 2]", "must be a mapping"),
         ("LONGBOAT_AMP_CONFIGS", '{"init_loss_scale": 1}', "did you mean 'init_loss_scaling'"),
         ("LONGBOAT_AMP_CONFIGS", "{a: [", "for Strategy.amp_configs"),
-        ("LONGBOAT_ENABLE_INPLACE", "true", "remove this setting"),
+        ("LONGBOAT_NUM_ITERATION_PER_RUN", "5", "remove this setting"),
     ],
 )
 def test_env_errors_name_the_variable(var: str, text: str, expected: str) -> None:
@@ -204,9 +204,10 @@ def test_env_errors_name_the_variable(var: str, text: str, expected: str) -> Non
     assert expected in message
 
 
-def test_env_conflict_is_reported() -> None:
+def test_env_conflict_is_reported_at_use() -> None:
+    s = Strategy(env={"LONGBOAT_LOCALSGD": "1"}, gradient_merge=True)
     with pytest.raises(StrategyError, match="Strategy.localsgd=True and Strategy.gradient_merge"):
-        Strategy(env={"LONGBOAT_LOCALSGD": "1"}, gradient_merge=True)
+        s.check()
 
 
 def test_env_beats_kwargs_and_files(tmp_path: Path) -> None:

@@ -200,7 +200,7 @@ ALGORITHMS: Registry[Callable] = Registry(
     _importer(
         *(
             f"longboat.comm.algorithms.{m}"
-            for m in ("native", "ring", "shm", "hierarchical", "auto")
+            for m in ("native", "ring", "shm", "hierarchical", "auto", "topology")
         )
     ),
 )

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from longboat.cluster.topology import comm_defaults
 from longboat.collective.autotune import Candidate, candidates, untunable
 from longboat.strategy import Strategy
 from tests._dist import run_ranks
@@ -33,19 +34,40 @@ def _key(c: Candidate) -> tuple[str, float, int]:
 # ---- the candidate set ---------------------------------------------------------------------
 
 
-def test_candidates_defaults_first_then_the_grid() -> None:
+@pytest.fixture
+def one_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The topology defaults of 2 Gloo ranks on one node, without a cluster."""
+    from longboat.strategy import selection
+
+    monkeypatch.setattr(selection, "topology_defaults", lambda: comm_defaults((0, 0), "gloo"))
+
+
+def test_candidates_defaults_first_then_the_grid(one_node: None) -> None:
     found = candidates(Strategy(env={}, auto=True), ONE_NODE)
-    assert _key(found[0]) == ("native", 32.0, 1)
+    assert _key(found[0]) == ("shm", 32.0, 1)  # the topology default, resolved
     assert {_key(c) for c in found} == {
         (a, f, n) for a in ONE_NODE for f in (32.0, 8.0, 2.0) for n in (1, 2)
     }
     assert len(found) == 12
 
 
-def test_user_set_fields_stay_fixed() -> None:
+def test_topology_defaults_are_tuned_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from longboat.strategy import selection
+
+    monkeypatch.setattr(
+        selection, "topology_defaults", lambda: comm_defaults((0, 1), "gloo")
+    )  # two nodes of one rank: native, small buckets on two communicators
+    found = candidates(Strategy(env={}, auto=True), ["native"])
+    assert _key(found[0]) == ("native", 2.0, 2)
+    assert {_key(c) for c in found} == {("native", f, n) for f in (2.0, 8.0) for n in (1, 2)}
+    s = Strategy(env={}, auto=True, fuse_grad_size_in_MB=32, nccl_comm_num=1)
+    assert [_key(c) for c in candidates(s, ["native"])] == [("native", 32.0, 1)]
+
+
+def test_user_set_fields_stay_fixed(one_node: None) -> None:
     s = Strategy(env={}, auto=True, nccl_comm_num=3, fuse_grad_size_in_MB=16)
     found = candidates(s, ONE_NODE)
-    assert [_key(c) for c in found] == [("native", 16.0, 3), ("shm", 16.0, 3)]
+    assert [_key(c) for c in found] == [("shm", 16.0, 3), ("native", 16.0, 3)]
     s = Strategy(env={}, auto=True, allreduce_algorithm="ring")
     assert {c.algorithm for c in candidates(s, ONE_NODE)} == {"ring"}
     s = Strategy(env={}, auto=True, use_hierarchical_allreduce=True)
@@ -70,7 +92,7 @@ def test_candidate_apply_changes_only_the_tuned_fields() -> None:
         2,
     )
     assert changed.find_unused_parameters is True
-    assert (s.allreduce_algorithm, s.fuse_grad_size_in_MB, s.nccl_comm_num) == ("native", 32, 1)
+    assert (s.allreduce_algorithm, s.fuse_grad_size_in_MB, s.nccl_comm_num) == ("topology", 32, 1)
 
 
 @pytest.mark.parametrize(
@@ -112,6 +134,7 @@ def _train_auto(rank: int, world: int, cfg: Config, slow: bool) -> dict[str, Any
     dmodel, dopt = lb.distribute(model, opt, strategy)
     tuner = dmodel.tuner
     assert tuner is not None and len(tuner.candidates) == 12
+    assert tuner.candidates[0].algorithm == "shm"  # the topology default on one node
     if slow:
         fake.tuner = tuner
     installed = []  # (active candidate, buckets, communicators) at each communicating step

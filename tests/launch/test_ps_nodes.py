@@ -141,3 +141,19 @@ def test_paddle_endpoint_lists_are_checked(
 ) -> None:
     with pytest.raises(LaunchOptionError, match=message):
         _spec(tmp_path, "--servers", servers, "--workers", workers, "--master", ":29500")
+
+
+def test_a_conflicting_config_stops_the_launch_and_ps_jobs_check_it_in_ps_mode(
+    tmp_path: Path,
+) -> None:
+    conflict = tmp_path / "conflict.yaml"
+    conflict.write_text("localsgd: true\ngradient_compression: fp16\n")
+    with pytest.raises(LaunchOptionError, match="localsgd.*gradient_compression"):
+        _spec(tmp_path, "--nproc-per-node", "1", "--config", str(conflict))
+    # Paddle's parameter-server setup sets a_sync_configs without saying mode: ps
+    geo = tmp_path / "geo.yaml"
+    geo.write_text("a_sync: true\na_sync_configs:\n  k_steps: 4\n")
+    with pytest.raises(LaunchOptionError, match="a_sync_configs"):
+        _spec(tmp_path, "--nproc-per-node", "1", "--config", str(geo))
+    spec = _spec(tmp_path, "--servers", "1", "--workers", "1", "--config", str(geo))
+    assert spec.servers == 1

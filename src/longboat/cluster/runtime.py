@@ -263,7 +263,7 @@ def init(
         sockets_before = set(socket_inodes()) if elastic else set()
         store = _start_group(found, name, wait)
         owns = True
-        if found.elastic_round is not None:  # tell the launcher this rank made it
+        if elastic:  # tell the launcher this rank made it
             write_ack(require_elastic_dir(), found.local_rank, found.elastic_round.token)
             watch_lost_nodes(found.elastic_round, require_elastic_dir(), sockets_before)
         # a script that exits (sys.exit, end of file) without shutdown() would otherwise

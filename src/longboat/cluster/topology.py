@@ -1,8 +1,11 @@
-"""Which ranks share a node, learned by all-gathering a fixed-size node key (no pickling)."""
+"""Which ranks share a node, learned by all-gathering a fixed-size node key (no pickling), and
+the communication defaults that follow from it."""
 
 from __future__ import annotations
 
 import socket
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -88,3 +91,56 @@ def gather_topology(
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
     return Topology.from_keys([decode_key(t) for t in gathered], dist.get_rank(group))
+
+
+@dataclass(frozen=True)
+class CommDefaults:
+    """What ``allreduce_algorithm='topology'`` and the topology-derived bucket size and
+    communicator count resolve to on one placement of ranks (see ``docs/algorithms.md``)."""
+
+    algorithm: str
+    reason: str
+    fuse_grad_size_in_MB: float
+    nccl_comm_num: int
+
+    def describe(self) -> str:
+        """E.g. ``shm (one node, CPU)``."""
+        return f"{self.algorithm} ({self.reason})"
+
+
+#: Bucket size (MB) and communicator count on one node, and across several nodes.
+ONE_NODE_FUSE_MB, ONE_NODE_COMMS = 32.0, 1
+MULTI_NODE_FUSE_MB, MULTI_NODE_COMMS = 2.0, 2
+
+
+def comm_defaults(node_of: Sequence[int], backend: str, spans_world: bool = True) -> CommDefaults:
+    """The topology rule, for a group whose rank ``i`` runs on node ``node_of[i]``.
+
+    Algorithm: the backend's own (``native``) on NCCL, on one rank and with one rank per
+    node; shared memory (``shm``) when every rank is on one node; ``hierarchical`` (shared
+    memory inside each node, native across) when several nodes hold the same number of
+    several ranks each and the group spans the world (it creates sub-groups). Buckets and
+    communicators: large buckets on one communicator, except across nodes on CPU (Gloo): small
+    buckets on two communicators, so more of the slow link's transfer overlaps backward (NCCL
+    keeps Fleet's 32 MB on one communicator: not measured here).
+    ``spans_world``: the group is the whole world.
+    """
+    counts = Counter(node_of)
+    ranks, nodes, per_node = len(node_of), len(counts), sorted(set(counts.values()))
+    if nodes > 1 and backend != "nccl":
+        fuse, comms = MULTI_NODE_FUSE_MB, MULTI_NODE_COMMS
+    else:
+        fuse, comms = ONE_NODE_FUSE_MB, ONE_NODE_COMMS
+    if ranks == 1:
+        algorithm, reason = "native", "one rank"
+    elif backend == "nccl":
+        algorithm, reason = "native", "NCCL"
+    elif nodes == 1:
+        algorithm, reason = "shm", "one node, CPU"
+    elif ranks == nodes:
+        algorithm, reason = "native", "one rank per node"
+    elif len(per_node) == 1 and spans_world:
+        algorithm, reason = "hierarchical", f"{nodes} nodes x {per_node[0]} ranks, CPU"
+    else:
+        algorithm, reason = "native", f"{nodes} nodes, unequal ranks per node"
+    return CommDefaults(algorithm, reason, fuse, comms)

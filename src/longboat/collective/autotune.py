@@ -31,7 +31,12 @@ from longboat.collective.reducer import Reducer
 from longboat.log import get_logger
 from longboat.registry import ALGORITHMS
 from longboat.strategy import Strategy
-from longboat.strategy.selection import selected_algorithm, selected_compressor
+from longboat.strategy.selection import (
+    comm_num,
+    fuse_grad_size_mb,
+    selected_algorithm,
+    selected_compressor,
+)
 
 if TYPE_CHECKING:
     from longboat.collective.model import DistributedModel
@@ -59,11 +64,7 @@ class Candidate:
     @classmethod
     def of(cls, strategy: Strategy) -> Candidate:
         """The setting ``strategy`` itself selects (the defaults' candidate)."""
-        return cls(
-            selected_algorithm(strategy),
-            float(strategy.fuse_grad_size_in_MB),
-            int(strategy.nccl_comm_num),
-        )
+        return cls(selected_algorithm(strategy), fuse_grad_size_mb(strategy), comm_num(strategy))
 
     def apply(self, strategy: Strategy) -> Strategy:
         """A copy of ``strategy`` with this candidate's settings."""

@@ -40,12 +40,15 @@ from longboat.comm.serial import SerialAllreduce
 from longboat.elastic import world as elastic_world
 from longboat.log import get_logger
 from longboat.optim import wrap_optimizer
+from longboat.recompute import apply_recompute
 from longboat.registry import Entry
 from longboat.strategy import Strategy
 from longboat.strategy.selection import (
     AllreduceChoice,
     allreduce_choice,
+    comm_num,
     compressor_config,
+    fuse_grad_size_mb,
     selected_compressor,
 )
 from longboat.trace.stall import waiting, watch_collectives
@@ -118,7 +121,7 @@ class Comm:
 def build_comm(strategy: Strategy) -> Comm:
     """Communicators and the selected algorithm on each (collective: every rank, in order)."""
     choice = allreduce_choice(strategy)
-    groups = make_communicators(int(strategy.nccl_comm_num))
+    groups = make_communicators(comm_num(strategy))
     return Comm(choice, groups, [algorithms.make(choice.algorithm, g) for g in groups])
 
 
@@ -127,7 +130,7 @@ def _prepare(
 ) -> tuple[nn.Module, list[tuple[str, nn.Parameter]]]:
     """Join the cluster, apply per-process settings, convert batch norms; the parameters
     to train, checked against the backend."""
-    strategy.check_implemented()
+    strategy.check()
     if not cluster.is_initialized():
         cluster.init(strategy)
     if isinstance(model, DistributedModel):
@@ -135,6 +138,7 @@ def _prepare(
     _apply_runtime_settings(strategy)
     if strategy.sync_batch_norm:
         model = convert_sync_batchnorm(model)
+    apply_recompute(model, strategy)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("the model has no parameters that require grad: nothing to train")
@@ -303,7 +307,7 @@ def build_reducer(
         plan = plan_buckets(
             specs,
             fuse=strategy.fuse_all_reduce_ops,
-            cap_mb=float(strategy.fuse_grad_size_in_MB),
+            cap_mb=fuse_grad_size_mb(strategy),
             max_layers=int(strategy.fuse_grad_size_in_TFLOPS),
             last_cap_mb=float(strategy.last_comm_group_size_MB),
         )

@@ -277,6 +277,17 @@ class Fleet:
     def _the_strategy(self) -> Strategy:
         return self._strategy if self._strategy is not None else Strategy()
 
+    def _used_strategy(self) -> Strategy:
+        """The strategy as this process's mode uses it (parameter-server mode: a copy with
+        mode='ps', whatever it says), checked: conflicts and fields outside data parallelism
+        are refused here, whatever order they were set in."""
+        strategy = self._the_strategy()
+        if not self.is_collective():
+            strategy = strategy.copy()
+            strategy.mode = "ps"
+        strategy.check()
+        return strategy
+
     def distributed_optimizer(
         self, optimizer: torch.optim.Optimizer, strategy: Strategy | None = None
     ) -> DistributedOptimizer:
@@ -285,6 +296,7 @@ class Fleet:
             self._need("distributed_optimizer", server=False)
         if strategy is not None:
             self._strategy = strategy
+        self._used_strategy()
         self._optimizer = DistributedOptimizer(self, optimizer, self._the_strategy())
         if self._model is not None and not self.is_collective():
             raise FleetError(
@@ -320,8 +332,7 @@ class Fleet:
                 "parameter-server mode: call fleet.distributed_optimizer(optimizer, strategy) "
                 "before fleet.distributed_model(model); the servers run that optimizer"
             )
-        strategy = self._the_strategy().copy()
-        strategy.mode = "ps"
+        strategy = self._used_strategy()
         wrapped, optimizer = ps_distribute(
             model, self._optimizer.inner_opt, strategy, token=auth.load_token(),
             **self._ps_location(),

@@ -280,7 +280,7 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
     config = os.path.abspath(a.config) if a.config else None
     if config and not os.path.isfile(config):
         raise LaunchOptionError(f"--config {a.config}: no such file")
-    _check_strategy(config)
+    _check_strategy(config, ps=bool(a.servers))
     if not a.module and not os.path.isfile(a.target):
         raise LaunchOptionError(f"{a.target}: no such script (use -m to run a module)")
     args = list(a.target_args)
@@ -490,12 +490,18 @@ def _check_devices(devices: list[str], given: str | None) -> None:
         )
 
 
-def _check_strategy(config: str | None) -> None:
-    """Run the ranks' Strategy checks here, so a typo stops the launch before any rank."""
+def _check_strategy(config: str | None, ps: bool) -> None:
+    """Run the ranks' Strategy checks here (values, then the conflicts checked when a strategy
+    is used), so a typo or a conflict stops the launch before any rank starts. ``ps``: the
+    job runs parameter servers, so its ranks use the strategy in mode 'ps'."""
     from longboat.strategy import Strategy, StrategyError
+    from longboat.strategy.changes import check_use
 
     try:
-        Strategy.load(config) if config else Strategy()
+        strategy = Strategy.load(config) if config else Strategy()
+        if ps:
+            strategy.mode = "ps"
+        check_use(strategy.to_dict())
     except StrategyError as exc:
         raise LaunchOptionError(_one_line(str(exc))) from None
 

@@ -27,8 +27,10 @@ from longboat.ps.plan import make_plan
 from longboat.ps.recovery import Recovery
 from longboat.ps.request import DROPPED
 from longboat.ps.sparse import SparseEmbedding, SparseLookups
+from longboat.ps.table_configs import apply_sparse_table_configs
 from longboat.ps.wire import Message
 from longboat.ps.wrappers import PSModel, PSOptimizer
+from longboat.recompute import apply_recompute
 from longboat.trace.ps import StallExplainer, make_observer
 
 __all__ = ["MODES", "PSConfig", "PSEngine", "PSModel", "PSOptimizer", "cluster_from_env",
@@ -439,6 +441,8 @@ def distribute(
         raise ValueError("parameter-server mode needs the optimizer: lb.distribute(model, opt, s)")
     if isinstance(model, PSModel):
         raise ValueError("this model was already passed to lb.distribute")
+    apply_recompute(model, strategy)
+    apply_sparse_table_configs(model, strategy.sparse_table_configs)
     cfg = PSConfig.from_strategy(strategy, **overrides)
     if servers is None or trainer is None or trainers is None:
         env_servers, env_trainer, env_trainers = cluster_from_env()

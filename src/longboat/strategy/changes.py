@@ -1,11 +1,11 @@
 """What a keyword argument, assignment, file or environment variable asks the Strategy to
-change, and the validation of each change and of the conflict rules."""
+change, the validation of each change, and the use-time check of the combination."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from longboat.strategy.configs import HYBRID_DEGREES
 from longboat.strategy.conflicts import CONFLICTS
 from longboat.strategy.fields import FIELDS
 from longboat.strategy.spec import ENV_PREFIX, STATUS_KINDS, FieldSpec, Group, StatusKind
@@ -82,6 +83,8 @@ GROUP_KEYS: dict[str, Group] = {
     "ExecutionStrategy": "ExecutionStrategy",
 }
 """Nested keys (Fleet's spellings and the group names) that address a group of fields."""
+ALIASES: dict[str, str] = {"fp16_compress": "fp16_allreduce"}
+"""Older Paddle names of fields: reading or setting one reads or sets the field."""
 NESTED_KEY: dict[Group, str] = {
     "BuildStrategy": "build_strategy",
     "ExecutionStrategy": "execution_strategy",
@@ -109,7 +112,7 @@ ENV_FIELDS: Mapping[str, str] = _EnvFields()
 
 def attribute_names() -> list[str]:
     """Every field name and group key: what ``Strategy`` attributes may be called."""
-    return [*FIELDS, *GROUP_KEYS]
+    return [*FIELDS, *ALIASES, *GROUP_KEYS]
 
 
 def fields_by_status(kind: StatusKind) -> tuple[str, ...]:
@@ -187,6 +190,7 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in data.items():
         group = GROUP_KEYS.get(name)
         if group is None:
+            name = ALIASES.get(name, name)
             field_spec(name)
             put(name, value, "flat")
             continue
@@ -285,7 +289,44 @@ def shown(name: str, values: Mapping[str, Any]) -> str:
     return repr(value)
 
 
+_warned_no_effect: set[str] = set()
+
+
+def warn_no_effect(names: Iterable[str], values: Mapping[str, Any]) -> None:
+    """Warn once per process about each of ``names`` set to a value that does nothing."""
+    for name in names:
+        spec = FIELDS[name]
+        why = spec.status.no_effect
+        if why and values[name] != spec.default and name not in _warned_no_effect:
+            _warned_no_effect.add(name)
+            logger.warning(
+                "Strategy.%s=%r is accepted but has no effect in PyTorch: %s",
+                name,
+                values[name],
+                why,
+            )
+
+
+def check_use(values: Mapping[str, Any]) -> None:
+    """The checks of a strategy about to be used: the conflict rules, then the fields whose
+    values are outside data parallelism. StrategyError naming the fields and the fix."""
+    check_conflicts(values)
+    for name, spec in FIELDS.items():
+        reason = spec.status.use_refusal
+        value = values[name]
+        if name == "hybrid_configs":
+            outside = any(value[k] != 1 for k in HYBRID_DEGREES)
+        else:
+            outside = value != spec.default
+        if reason and outside:
+            raise StrategyError(
+                f"Strategy.{name}={shown(name, values)} is refused, {reason}; "
+                f"set Strategy.{name} back to its default"
+            )
+
+
 def check_conflicts(values: Mapping[str, Any]) -> None:
+    """StrategyError for the first conflict rule ``values`` break."""
     for rule in CONFLICTS:
         if rule.when(values):
             a, b = rule.first, rule.second

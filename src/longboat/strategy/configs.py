@@ -12,6 +12,7 @@ from longboat.strategy.values import (
     Config,
     Float,
     Int,
+    IntList,
     KeySpec,
     StrList,
 )
@@ -88,6 +89,70 @@ A_SYNC_CONFIGS = Config(
             True,
             "MXNet's update_on_kvstore: the optimizer runs on the servers (True) or the servers "
             "only average gradients and trainers run it (False, sync mode; longboat's key)",
+        ),
+    )
+)
+RECOMPUTE_CONFIGS = Config(
+    (
+        KeySpec(
+            "checkpoints",
+            StrList(),
+            [],
+            "names of the submodules (model.named_modules()) whose forward is recomputed in "
+            "backward instead of keeping its activations",
+        ),
+        KeySpec(
+            "enable_offload",
+            Bool(),
+            False,
+            "keep the tensors saved for backward in CPU memory (torch.autograd.graph.save_on_cpu)",
+        ),
+        KeySpec(
+            "checkpoint_shape",
+            IntList(),
+            [],
+            "Paddle's static shape of the offloaded checkpoints; not needed in PyTorch (no effect)",
+        ),
+    )
+)
+PIPELINE_CONFIGS = Config(
+    (
+        KeySpec("micro_batch_size", Int(1), 1, "samples per pipeline micro-batch"),
+        KeySpec("accumulate_steps", Int(1), 1, "micro-batches per step"),
+        KeySpec("schedule_mode", Choice(("1F1B", "F-then-B")), "1F1B", "pipeline schedule"),
+        KeySpec("p2p_cache_shape", Bool(), True, "cache the shapes sent between stages"),
+        KeySpec("enable_partial_send_recv", Bool(), True, "send slices between stages"),
+    )
+)
+SHARDING_CONFIGS = Config(
+    (
+        KeySpec("sharding_degree", Int(1), 8, "ranks the optimizer state is split over"),
+        KeySpec("stage", Int(1, 3), 1, "1: optimizer state, 2: + gradients, 3: + parameters"),
+        KeySpec("segment_broadcast_MB", Float(0, lo_open=True), 32.0, "broadcast segment size"),
+        KeySpec("segment_anchors", StrList(), [], "variables that end a segment"),
+        KeySpec("gradient_merge_acc_step", Int(1), 1, "gradient merge steps inside sharding"),
+        KeySpec("optimize_offload", Bool(), False, "optimizer state in CPU memory"),
+        KeySpec("dp_degree", Int(1), 1, "data-parallel ranks beside the sharding group"),
+        KeySpec("mp_degree", Int(1), 1, "model-parallel ranks"),
+        KeySpec("pp_degree", Int(1), 1, "pipeline stages"),
+    )
+)
+TENSOR_PARALLEL_CONFIGS = Config(
+    (
+        KeySpec("tensor_parallel_degree", Int(1), 1, "ranks each weight matrix is split over"),
+        KeySpec("tensor_init_seed", Int(-1), -1, "seed of the split weights' initialisation"),
+    )
+)
+HYBRID_DEGREES = ("mp_degree", "pp_degree", "sharding_degree", "sep_degree")
+HYBRID_CONFIGS = Config(
+    (
+        KeySpec("dp_degree", Int(-1), -1, "data-parallel ranks (-1: all ranks)"),
+        KeySpec("mp_degree", Int(1), 1, "tensor (model) parallel ranks"),
+        KeySpec("pp_degree", Int(1), 1, "pipeline stages"),
+        KeySpec("sharding_degree", Int(1), 1, "ranks the optimizer state is split over"),
+        KeySpec("sep_degree", Int(1), 1, "sequence-parallel ranks"),
+        KeySpec(
+            "order", StrList(), ["dp", "pp", "sharding", "sep", "mp"], "order of the rank axes"
         ),
     )
 )

@@ -1,4 +1,7 @@
-"""The Strategy's conflict table: pairs of fields that cannot hold these values together."""
+"""The Strategy's conflict table: pairs of fields that cannot hold these values together.
+
+Checked when the strategy is used (``Strategy.check``: lb.distribute, fleet), not on
+assignment, so fields can be set in any order."""
 
 from __future__ import annotations
 
@@ -73,11 +76,12 @@ CONFLICTS: tuple[Conflict, ...] = (
         "allreduce_algorithm",
         lambda v: (
             v["use_hierarchical_allreduce"] is True
-            and v["allreduce_algorithm"] not in ("native", "hierarchical")
+            and v["allreduce_algorithm"] not in ("topology", "native", "hierarchical")
         ),
         "use_hierarchical_allreduce=True selects the hierarchical algorithm; it cannot also be "
         "another one",
-        "use_hierarchical_allreduce True and allreduce_algorithm not 'native'/'hierarchical'",
+        "use_hierarchical_allreduce True and allreduce_algorithm not "
+        "'topology'/'native'/'hierarchical'",
     ),
     Conflict(
         "mode",
@@ -86,5 +90,21 @@ CONFLICTS: tuple[Conflict, ...] = (
         "a_sync_configs only configures the parameter-server mode; set mode='ps' or remove them",
         "mode == 'collective' and any a_sync_configs key is not at its default",
     ),
+    Conflict(
+        "mode",
+        "sparse_table_configs",
+        lambda v: v["mode"] == "collective" and bool(v["sparse_table_configs"]),
+        "sparse tables live on parameter servers; set mode='ps' (fleet.init() without "
+        "is_collective does) or remove sparse_table_configs",
+        "mode == 'collective' and sparse_table_configs not empty",
+    ),
+    Conflict(
+        "recompute",
+        "recompute_configs",
+        lambda v: v["recompute"] is True and not v["recompute_configs"]["checkpoints"],
+        "recompute needs the submodules to recompute: set recompute_configs['checkpoints'] "
+        "to names from model.named_modules()",
+        "recompute True and recompute_configs['checkpoints'] empty",
+    ),
 )
-"""Declarative conflict rules, checked after every change."""
+"""Declarative conflict rules, checked when the strategy is used (``Strategy.check``)."""

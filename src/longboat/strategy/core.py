@@ -1,4 +1,5 @@
-"""The Strategy object: flat typed fields, validation on every change, sources, env, files."""
+"""The Strategy object: flat typed fields, validation on every change, the use-time check of
+the combination, sources, env, files (YAML/JSON and Paddle's prototxt)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import yaml
 
 from longboat.strategy.changes import (
+    ALIASES,
     CODE,
     DEFAULT,
     ENV_FIELDS,
@@ -22,7 +24,7 @@ from longboat.strategy.changes import (
     NESTED_KEY,
     Change,
     attribute_names,
-    check_conflicts,
+    check_use,
     collect_changes,
     context,
     env_changes,
@@ -34,11 +36,17 @@ from longboat.strategy.changes import (
     read_mapping,
     shown,
     validate,
+    warn_no_effect,
 )
 from longboat.strategy.fields import FIELDS
 from longboat.strategy.render import Row, text_table
 from longboat.strategy.spec import Status
-from longboat.strategy.values import Config, StrategyError, unknown_name_error
+from longboat.strategy.values import (
+    Config,
+    StrategyError,
+    UnknownAttributeError,
+    unknown_name_error,
+)
 from longboat.strategy.views import ConfigView, GroupView, outward
 
 __all__ = [
@@ -101,10 +109,12 @@ class Strategy:
     # -- the single write path ---------------------------------------------------------------
 
     def _apply(self, changes: Iterable[Change]) -> None:
-        """Validate ``changes`` and conflicts, then commit all of them or none."""
+        """Validate ``changes``, then commit all of them or none. Combinations of fields are
+        checked when the strategy is used (``check``), so fields can be set in any order."""
         values = copy.deepcopy(self._values)
         sources, locks = dict(self._sources), dict(self._env_locks)
         overridden: list[tuple[Change, Any, str]] = []
+        changed: list[str] = []
         for change in changes:
             with context(change.where):
                 value = validate(change)
@@ -119,8 +129,9 @@ class Strategy:
             else:
                 values[change.field][change.key] = value
             sources[path] = change.source
-        check_conflicts(values)
+            changed.append(change.field)
         self._values, self._sources, self._env_locks = values, sources, locks
+        warn_no_effect(changed, values)
         for change, value, var in overridden:
             self._warn_overridden(change, value, var)
 
@@ -145,6 +156,7 @@ class Strategy:
             raise AttributeError(name)
         if name in GROUP_KEYS:
             return GroupView(self, GROUP_KEYS[name])
+        name = ALIASES.get(name, name)
         spec = field_spec(name)
         if spec.is_config:
             return ConfigView(self, name)
@@ -154,8 +166,11 @@ class Strategy:
         if name.startswith("_"):
             object.__setattr__(self, name, value)
             return
-        if name not in GROUP_KEYS:
-            field_spec(name)
+        if name not in GROUP_KEYS and ALIASES.get(name, name) not in FIELDS:
+            error = unknown_name_error("Strategy field", name, attribute_names())
+            raise UnknownAttributeError(
+                f"{name!r} is not an attribute of DistributedStrategy: {error}"
+            )
         self._apply(collect_changes({name: value}, CODE))
 
     def __delattr__(self, name: str) -> None:
@@ -217,7 +232,28 @@ class Strategy:
                 found.append((name, spec.status_for(value)))
         return found
 
+    def check(self) -> None:
+        """The check of a strategy about to be used (``lb.distribute`` and the fleet calls run
+        it): StrategyError for conflicting fields or values outside data parallelism,
+        NotImplementedError for a not-yet-implemented value; logs once if ``elastic`` is set
+        in a job that was not started elastic."""
+        check_use(self._values)
+        self._check_planned()
+        if self._values["elastic"] and "elastic" not in self._warned:
+            from longboat.elastic.world import is_elastic
+
+            if not is_elastic():
+                self._warned.add("elastic")
+                logger.warning(
+                    "Strategy.elastic=True does not make a job elastic: start it with "
+                    "`longboat launch --nnodes MIN:MAX` (see docs/elastic.md)"
+                )
+
     def check_implemented(self) -> None:
+        """The same as ``check`` (its older name)."""
+        self.check()
+
+    def _check_planned(self) -> None:
         """Raise NotImplementedError naming the first field set to a not-yet-implemented value."""
         missing = self.unimplemented()
         if not missing:
@@ -310,6 +346,20 @@ class Strategy:
     ) -> Strategy:
         """Read a file written by ``save`` or by hand (any subset of fields, flat or nested)."""
         return cls._create(read_mapping(Path(path)), FILE, str(path), env)
+
+    def save_to_prototxt(self, output: str | os.PathLike[str]) -> None:
+        """Write the non-default fields as Paddle's DistributedStrategy prototxt."""
+        from longboat.strategy.prototxt import dumps
+
+        Path(output).write_text(dumps(self.to_dict()), encoding="utf-8")
+
+    def load_from_prototxt(self, pb_file: str | os.PathLike[str]) -> None:
+        """Set the fields a prototxt file (Paddle's text format) lists; all or nothing."""
+        from longboat.strategy.prototxt import loads
+
+        where = str(pb_file)
+        text = Path(pb_file).read_text(encoding="utf-8")
+        self._apply(collect_changes(loads(text, where), FILE, where))
 
 
 DistributedStrategy = Strategy

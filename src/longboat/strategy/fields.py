@@ -14,12 +14,25 @@ from longboat.strategy.configs import (
     ADAPTIVE_LOCALSGD_CONFIGS,
     AMP_CONFIGS,
     GRADIENT_MERGE_CONFIGS,
+    HYBRID_CONFIGS,
     LAMB_CONFIGS,
     LARS_CONFIGS,
     LOCALSGD_CONFIGS,
+    PIPELINE_CONFIGS,
+    RECOMPUTE_CONFIGS,
+    SHARDING_CONFIGS,
+    TENSOR_PARALLEL_CONFIGS,
 )
 from longboat.strategy.registered import FieldTable, algorithm_names, compressor_names
-from longboat.strategy.spec import FieldSpec, implemented, mapped, not_applicable
+from longboat.strategy.sparse_tables import TableConfigs
+from longboat.strategy.spec import (
+    FieldSpec,
+    implemented,
+    mapped,
+    no_effect,
+    not_applicable,
+    outside_data_parallel,
+)
 from longboat.strategy.values import (
     Bool,
     Choice,
@@ -32,6 +45,25 @@ from longboat.strategy.values import (
 TRAINING_OPT = "training optimisations"
 
 _TORCH_COMPILE = "torch.compile of the model (its graph fuser fuses such ops)"
+_GRAPH_PASS = (
+    "a pass of Paddle's static-graph compiler; eager PyTorch has no such pass (torch.compile "
+    "fuses ops when fuse_elewise_add_act_ops, fuse_bn_act_ops or fuse_relu_depthwise_conv is set)"
+)
+
+
+def _outside(name: str, what: str, reason: str, config: object = None) -> tuple[FieldSpec, ...]:
+    """The ``name`` switch and its ``name_configs`` (if ``config``), refused when used."""
+    status = outside_data_parallel(reason)
+    switch = FieldSpec(name, Bool(), False, what, status)
+    if config is None:
+        return (switch,)
+    return switch, FieldSpec(f"{name}_configs", config, None, f"{what}: settings", status)  # type: ignore[arg-type]
+
+
+_ONE_REPLICA = (
+    "longboat keeps a full replica of the model and optimizer on every rank and only "
+    "averages gradients; use torch.distributed.pipelining / FSDP / DTensor for this"
+)
 
 
 _STATIC: tuple[FieldSpec, ...] = (
@@ -61,6 +93,27 @@ _STATIC: tuple[FieldSpec, ...] = (
         ),
     ),
     FieldSpec(
+        "sparse_table_configs",
+        TableConfigs(),
+        {},
+        "Paddle's sparse table settings by table name (needs mode='ps'): update rule, learning "
+        "rate, initial range, Adagrad/Adam constants, row width, days before unseen rows go",
+        mapped(
+            "the SparseEmbedding with that name (optimizer, hparams, init_scale, lazy, "
+            "evict_after), applied by lb.distribute in mode ps; other keys are refused"
+        ),
+    ),
+    FieldSpec(
+        "elastic",
+        Bool(),
+        False,
+        "elastic training: ranks may join and leave",
+        implemented(
+            "a marker: a job is elastic when started with `longboat launch --nnodes MIN:MAX`; "
+            "True in a job started otherwise logs that pointer once"
+        ),
+    ),
+    FieldSpec(
         "auto",
         Bool(),
         False,
@@ -82,16 +135,19 @@ _STATIC: tuple[FieldSpec, ...] = (
         "nccl_comm_num",
         Int(1, 64),
         1,
-        "number of communicators used in parallel (1 on one node, 2 across nodes is typical)",
+        "number of communicators used in parallel; left at its default, from the topology: "
+        "2 across nodes on CPU (Gloo), else 1",
         implemented(),
     ),
     FieldSpec(
         "allreduce_algorithm",
         RegistryChoice(algorithm_names),
-        "native",
+        "topology",
         "how gradient buckets are allreduced: a registered allreduce algorithm (see "
-        "'Allreduce algorithms' below), e.g. the backend's own (native) or auto (chosen per "
-        "bucket size by a start-up measurement)",
+        "'Allreduce algorithms' below); topology (the default) picks from where the ranks run: "
+        "shm on one node (CPU), hierarchical across nodes of several ranks each (CPU), the "
+        "backend's own (native) on NCCL and with one rank per node; auto picks per bucket size "
+        "by a start-up measurement",
         implemented(),
     ),
     FieldSpec(
@@ -127,7 +183,8 @@ _STATIC: tuple[FieldSpec, ...] = (
         "fuse_grad_size_in_MB",
         Float(0, lo_open=True),
         32.0,
-        "bucket size limit, in MB of gradients per fused allreduce",
+        "bucket size limit, in MB of gradients per fused allreduce; left at its default, from "
+        "the topology: 2 across nodes on CPU (Gloo), else 32",
         implemented(),
     ),
     FieldSpec(
@@ -195,6 +252,20 @@ _STATIC: tuple[FieldSpec, ...] = (
         mapped(
             "torch.autocast, with Fleet's dynamic loss scaling for float16; custom op lists and use_pure_fp16 are refused by lb.distribute"
         ),
+    ),
+    FieldSpec(
+        "recompute",
+        Bool(),
+        False,
+        "recompute the activations of checkpointed submodules in backward to save memory",
+        mapped("torch.utils.checkpoint on recompute_configs['checkpoints'] (lb.distribute)"),
+    ),
+    FieldSpec(
+        "recompute_configs",
+        RECOMPUTE_CONFIGS,
+        None,
+        "recompute settings",
+        mapped("torch.utils.checkpoint; enable_offload: torch.autograd.graph.save_on_cpu"),
     ),
     FieldSpec(
         "gradient_merge",
@@ -316,6 +387,34 @@ _STATIC: tuple[FieldSpec, ...] = (
         implemented(),
         per_rank=True,
     ),
+    *_outside(
+        "pipeline",
+        "pipeline parallelism: model stages on different ranks",
+        _ONE_REPLICA,
+        PIPELINE_CONFIGS,
+    ),
+    *_outside(
+        "sharding",
+        "sharding (ZeRO): optimizer state, gradients or parameters split across ranks",
+        _ONE_REPLICA,
+        SHARDING_CONFIGS,
+    ),
+    *_outside(
+        "tensor_parallel",
+        "tensor (model) parallelism: weight matrices split across ranks",
+        _ONE_REPLICA,
+        TENSOR_PARALLEL_CONFIGS,
+    ),
+    FieldSpec(
+        "hybrid_configs",
+        HYBRID_CONFIGS,
+        None,
+        "degrees of Paddle's hybrid parallelism; only dp_degree (data parallelism) is accepted",
+        outside_data_parallel(
+            "mp_degree, pp_degree, sharding_degree and sep_degree above 1 split the model or "
+            "its optimizer state; " + _ONE_REPLICA
+        ),
+    ),
     # ---- BuildStrategy ------------------------------------------------------------------
     FieldSpec(
         "enable_sequential_execution",
@@ -370,9 +469,9 @@ _STATIC: tuple[FieldSpec, ...] = (
         Bool(),
         False,
         "let op outputs reuse their inputs' memory",
-        not_applicable(
+        no_effect(
             "PyTorch has no graph pass that rewrites ops in place; in-place reuse is chosen in "
-            "the model code (e.g. nn.ReLU(inplace=True)); remove this setting"
+            "the model code (e.g. nn.ReLU(inplace=True))"
         ),
         group="BuildStrategy",
     ),
@@ -392,10 +491,20 @@ _STATIC: tuple[FieldSpec, ...] = (
         Bool(),
         False,
         "cache each op's runtime context between iterations",
-        not_applicable(
-            "eager PyTorch ops have no per-op runtime context to cache; remove this setting"
-        ),
+        no_effect("eager PyTorch ops have no per-op runtime context to cache"),
         group="BuildStrategy",
+    ),
+    *(
+        FieldSpec(name, Bool(), default, doc, no_effect(_GRAPH_PASS), group="BuildStrategy")
+        for name, default, doc in (
+            ("memory_optimize", False, "reuse variable memory across the program"),
+            ("enable_addto", False, "accumulate gradients in place with addto ops"),
+            ("enable_auto_fusion", False, "fuse element-wise op groups automatically"),
+            ("fuse_bn_add_act_ops", True, "fuse batch norm, add and activation"),
+            ("fuse_gemm_epilogue", False, "fuse matmul with the following bias add"),
+            ("fused_attention", False, "use the fused multi-head attention op"),
+            ("fused_feedforward", False, "use the fused feed-forward op"),
+        )
     ),
     # ---- ExecutionStrategy --------------------------------------------------------------
     FieldSpec(

@@ -25,18 +25,38 @@ class Status:
     feature: str = ""  # planned: the missing feature
     area: str = ""  # planned: the longboat area that will provide it
     only_default: str = ""  # implemented: why a non-default value is refused
+    # not applicable: "assign" refuses a non-default value when it is set, "use" when the
+    # strategy is used (lb.distribute, fleet), "warn" accepts it with a one-time warning
+    refused_at: Literal["assign", "use", "warn"] = "assign"
 
     @property
     def refusal(self) -> str:
-        """Why a non-default value is refused, or "" if it is accepted."""
-        return self.note if self.kind == "not applicable" else self.only_default
+        """Why a non-default value is refused when it is set, or "" if it is accepted then."""
+        if self.kind == "not applicable":
+            return self.note if self.refused_at == "assign" else ""
+        return self.only_default
+
+    @property
+    def use_refusal(self) -> str:
+        """Why a non-default value is refused when the strategy is used, or ""."""
+        return self.note if self.kind == "not applicable" and self.refused_at == "use" else ""
+
+    @property
+    def no_effect(self) -> str:
+        """Why a non-default value is accepted but does nothing (warned once), or ""."""
+        return self.note if self.kind == "not applicable" and self.refused_at == "warn" else ""
 
     def text(self) -> str:
         """One-line status for docs and messages."""
         if self.kind == "planned":
             return f"planned: {self.feature} ({self.area})"
         if self.kind == "not applicable":
-            return f"not applicable: {self.note}"
+            when = {
+                "assign": "",
+                "use": "refused when used: ",
+                "warn": "accepted with a warning, no effect: ",
+            }[self.refused_at]
+            return f"not applicable: {when}{self.note}"
         parts = [f"mapped to {self.mapped_to}" if self.mapped_to else "implemented"]
         parts += [self.note] if self.note else []
         parts += [f"non-default refused: {self.only_default}"] if self.only_default else []
@@ -56,6 +76,16 @@ def mapped(to: str, note: str = "") -> Status:
 def not_applicable(reason: str) -> Status:
     """No PyTorch meaning: the default is accepted, anything else refused with ``reason``."""
     return Status("not applicable", note=reason)
+
+
+def outside_data_parallel(reason: str) -> Status:
+    """A Fleet feature that splits the model or optimizer state: refused when used."""
+    return Status("not applicable", note=f"outside data parallelism: {reason}", refused_at="use")
+
+
+def no_effect(reason: str) -> Status:
+    """A Paddle graph-pass switch with no PyTorch counterpart: accepted, warned about once."""
+    return Status("not applicable", note=reason, refused_at="warn")
 
 
 def planned(feature: str, area: str) -> Status:

@@ -21,6 +21,10 @@ class UnknownFieldError(StrategyError, AttributeError):
     """An unknown field or config key (also an AttributeError, so ``hasattr`` keeps working)."""
 
 
+class UnknownAttributeError(UnknownFieldError, TypeError):
+    """Assignment to an attribute the Strategy does not have (a TypeError, as in Paddle)."""
+
+
 class Rejected(Exception):
     """Raised by ``ValueType.check``; the caller turns it into a StrategyError with context."""
 
@@ -257,6 +261,23 @@ class StrList(ValueType):
         return list(value)
 
     def plain(self, value: Any) -> list[str]:
+        return list(value)
+
+
+@dataclass(frozen=True)
+class IntList(ValueType):
+    """A list of integers (tuples accepted; may be empty)."""
+
+    short: str = "list[int]"
+
+    def check(self, value: Any) -> list[int]:
+        if not isinstance(value, list | tuple) or not all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value
+        ):
+            raise Rejected()
+        return [int(v) for v in value]
+
+    def plain(self, value: Any) -> list[int]:
         return list(value)
 
 

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from longboat.cluster import on_shutdown
 from longboat.optim.extend import extend
+from longboat.strategy.selection import comm_num
 from longboat.trace.recorder import Recorder, comm_lane
 from longboat.trace.stall import StallWatch
 
@@ -221,7 +222,7 @@ def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -
         return optimizer
     rank, world = dist.get_rank(), dist.get_world_size()
     reducer = model.reducer
-    recorder = Recorder(timeline, rank, world, int(strategy.nccl_comm_num)) if timeline else None
+    recorder = Recorder(timeline, rank, world, comm_num(strategy)) if timeline else None
     watch = None
     if warning > 0 and world > 1:
         watch = StallWatch(
