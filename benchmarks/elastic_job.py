@@ -4,8 +4,8 @@ BENCH_MODE=elastic: `lb.elastic` (in-memory commits, survivors go on).
 BENCH_MODE=restart: what torchrun users do: rank 0 writes a checkpoint after every step
 (temporary file + rename); after a failure torchrun restarts every rank, which loads it.
 Each rank appends ``{"t", "step", "world", "pid"}`` per completed step to BENCH_DIR/steps.jsonl;
-the rank of group rank BENCH_DIE_NODE writes BENCH_DIR/failure.json and kills its launcher and
-itself after step BENCH_DIE_STEP (a node lost as a whole).
+the rank of group rank BENCH_DIE_NODE writes BENCH_DIR/failure.json and kills (BENCH_FAULT=kill)
+or freezes (freeze) its launcher and itself after step BENCH_DIE_STEP (a node lost as a whole).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -26,6 +27,8 @@ OUT = Path(os.environ["BENCH_DIR"])
 STEPS = int(os.environ.get("BENCH_STEPS", "16"))
 DIE_NODE = int(os.environ.get("BENCH_DIE_NODE", "2"))
 DIE_STEP = int(os.environ.get("BENCH_DIE_STEP", "6"))
+FAULT = os.environ.get("BENCH_FAULT", "kill")
+FREEZE_S = 90
 WIDTH, DEPTH, BATCH = 2048, 6, 16  # 6 x (2048 x 2048 + 2048) = 25.2 M parameters
 
 
@@ -49,10 +52,17 @@ def record(step: int) -> None:
 
 
 def maybe_die(step: int) -> None:
+    """BENCH_FAULT=kill: the node's launcher and rank die (their sockets close at once);
+    freeze: both stop (SIGSTOP) like a machine that froze or lost its link: nothing more is
+    sent, not even a reset. A detached ``kill -9`` ends them FREEZE_S later."""
     if step == DIE_STEP and int(os.environ["GROUP_RANK"]) == DIE_NODE:
         (OUT / "failure.json").write_text(json.dumps({"t": time.time(), "step": step}))
-        os.kill(os.getppid(), signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
+        pids = (os.getppid(), os.getpid())
+        if FAULT == "freeze":
+            reaper = f"sleep {FREEZE_S}; kill -9 {pids[0]} {pids[1]}"
+            subprocess.Popen(["sh", "-c", reaper], start_new_session=True)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP if FAULT == "freeze" else signal.SIGKILL)
 
 
 def train_step(net: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:

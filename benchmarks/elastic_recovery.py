@@ -1,10 +1,14 @@
 """Recovery time after losing a node: elastic training vs torchrun's restart from a checkpoint.
 
-    sudo python benchmarks/elastic_recovery.py [--repeats 2] [--bandwidth 1gbit] [--markdown]
+    sudo python benchmarks/elastic_recovery.py [--repeats 2] [--bandwidth 1gbit] [--fault kill]
+                                               [--markdown]
 
 Both paths run `benchmarks/elastic_job.py` (a 25.2 M-parameter MLP, SGD with momentum, one
 rank per node) on the same emulated cluster: 3 nodes, `--min-nodes 2`, rendezvous store
-served by `longboat emulate`. After step 6 the rank of node 2 kills its launcher and itself.
+served by `longboat emulate`. After step 6 the rank of node 2 kills its launcher and itself
+(`--fault kill`), or stops both with SIGSTOP (`--fault freeze`: a frozen machine or a dead link,
+nothing more arrives from it, not even a reset). Both paths run with a 30 s collective timeout
+(LONGBOAT_TIMEOUT, the elastic default).
 
 - elastic: `longboat launch --nnodes 2:3`; survivors roll back to their last in-memory commit
   (every step), re-form the group and go on.
@@ -29,7 +33,7 @@ from pathlib import Path
 JOB = Path(__file__).with_name("elastic_job.py")
 
 
-def run_once(mode: str, bandwidth: str, root: Path) -> dict[str, float]:
+def run_once(mode: str, bandwidth: str, fault: str, root: Path) -> dict[str, float]:
     out = root / mode
     out.mkdir(parents=True)
     launcher = "longboat" if mode == "elastic" else "torchrun"
@@ -53,7 +57,8 @@ def run_once(mode: str, bandwidth: str, root: Path) -> dict[str, float]:
         str(out / "logs"),
         str(JOB),
     ]
-    env = dict(os.environ, BENCH_MODE=mode, BENCH_DIR=str(out))
+    env = dict(os.environ, BENCH_MODE=mode, BENCH_DIR=str(out), BENCH_FAULT=fault)
+    env["LONGBOAT_TIMEOUT"] = "30"
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=330)
     failure_file = out / "failure.json"
     if not failure_file.exists():
@@ -85,13 +90,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--bandwidth", default="1gbit")
+    parser.add_argument("--fault", choices=("kill", "freeze"), default="kill")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {"elastic": [], "restart": []}
     with tempfile.TemporaryDirectory(prefix="longboat-recovery-") as tmp:
         for i in range(args.repeats):
             for mode in results:  # paired rounds: both paths on the same machine state
-                results[mode].append(run_once(mode, args.bandwidth, Path(tmp) / f"{i}"))
+                results[mode].append(run_once(mode, args.bandwidth, args.fault, Path(tmp) / f"{i}"))
                 print(mode, results[mode][-1], flush=True)
     med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in results.items()}
     ratio = med["restart"]["recovery_s"] / med["elastic"]["recovery_s"]
