@@ -120,3 +120,17 @@ def run_ranks(
                 return failure  # type: ignore[return-value]
             raise failure
         return [torch.load(Path(out_dir, f"{r}.pt"), weights_only=True) for r in range(world_size)]
+
+
+def join_as_emulated_nodes(rank: int, ranks_per_node: int, world: int) -> None:
+    """In a rank of `run_ranks`: pretend consecutive groups of ``ranks_per_node`` ranks are
+    nodes (longboat's node variables), then ``lb.init`` on Gloo."""
+    import longboat as lb
+
+    os.environ.update(
+        LONGBOAT_NODE_RANK=str(rank // ranks_per_node),
+        LONGBOAT_NNODES=str(world // ranks_per_node),
+        LOCAL_RANK=str(rank % ranks_per_node),
+        LOCAL_WORLD_SIZE=str(ranks_per_node),
+    )
+    lb.init(backend="gloo")

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from longboat.cluster.topology import comm_defaults
 from longboat.strategy import Strategy, selection
-from tests._dist import run_ranks
+from tests._dist import join_as_emulated_nodes, run_ranks
 from tests.collective._workloads import (
     STEPS,
     Config,
@@ -91,13 +91,7 @@ def _train_default(rank: int, world: int, ranks_per_node: int) -> dict[str, Any]
     import longboat as lb
     from longboat import cluster
 
-    os.environ.update(
-        LONGBOAT_NODE_RANK=str(rank // ranks_per_node),
-        LONGBOAT_NNODES=str(world // ranks_per_node),
-        LOCAL_RANK=str(rank % ranks_per_node),
-        LOCAL_WORLD_SIZE=str(ranks_per_node),
-    )
-    lb.init(backend="gloo")
+    join_as_emulated_nodes(rank, ranks_per_node, world)
     out: dict[str, Any] = {"line": cluster.cluster().describe()}
     for cfg in CONFIGS:
         model = build_model(cfg, seed=rank)  # distribute must broadcast rank 0's

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 
 import pytest
 import torch
@@ -11,23 +10,10 @@ import torch.distributed as dist
 
 from longboat.cluster.topology import Topology
 from longboat.comm.algorithms.hierarchical import HierarchicalError, plan_nodes, shard_bounds
-from tests._dist import run_ranks
+from tests._dist import join_as_emulated_nodes, run_ranks
 
 SIZES = (0, 1, 3, 7, 1023, 100_003)
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
-
-
-def _join(rank: int, ranks_per_node: int, world: int) -> None:
-    """Emulate nodes of ``ranks_per_node`` consecutive ranks, then lb.init()."""
-    import longboat as lb
-
-    os.environ.update(
-        LONGBOAT_NODE_RANK=str(rank // ranks_per_node),
-        LONGBOAT_NNODES=str(world // ranks_per_node),
-        LOCAL_RANK=str(rank % ranks_per_node),
-        LOCAL_WORLD_SIZE=str(ranks_per_node),
-    )
-    lb.init(backend="gloo")
 
 
 def _check(group, rank: int, label: str, failures: list[str], digests: dict[str, str], fn) -> None:
@@ -82,7 +68,7 @@ def _exercise(group, rank: int, variants: list[dict]) -> dict:
 
 
 def _on_world(rank: int, world: int, ranks_per_node: int, variants: list[dict]) -> dict:
-    _join(rank, ranks_per_node, world)
+    join_as_emulated_nodes(rank, ranks_per_node, world)
     return _exercise(dist.group.WORLD, rank, variants)
 
 
@@ -115,7 +101,7 @@ def test_one_node_of_four_and_virtual_nodes() -> None:
 
 def _subgroups(rank: int, world: int) -> dict:
     """Groups of 3 and 4 of 5 ranks: only members call the factory."""
-    _join(rank, world, world)
+    join_as_emulated_nodes(rank, world, world)
     three, four = dist.new_group([0, 1, 2]), dist.new_group([0, 1, 2, 3])
     out: dict = {}
     if rank < 3:  # one level only: runs on the group itself, no new groups needed
