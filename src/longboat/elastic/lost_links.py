@@ -21,6 +21,7 @@ import ipaddress
 import os
 import socket
 import threading
+from collections.abc import Collection
 from pathlib import Path
 
 from longboat.elastic.membership import Membership, read_membership
@@ -56,8 +57,8 @@ def lost_addresses(joined: Membership, published: Membership) -> set[str]:
     keep = set(after)
     if 0 <= joined.group_rank < len(joined.nodes):
         keep.add(node_host(joined.nodes[joined.group_rank]))
-    keep.add(joined.store.rpartition(":")[0].strip("[]"))
-    kept = {_resolve(h) for h in keep} - {None}
+    kept = {_resolve(h) for h in keep} | {store_endpoint(joined)[0]}
+    kept.discard(None)
     lost = {_resolve(h) for h in before - keep} - {None}
     return {a for a in lost if a is not None and a not in kept}
 
@@ -102,14 +103,28 @@ def socket_inodes() -> dict[int, int]:
     return found
 
 
-def sockets_to(addresses: set[str]) -> list[tuple[int, int]]:
-    """(fd, inode) of this process's TCP sockets connected to any of ``addresses``."""
+def sockets_to(
+    addresses: set[str],
+    skip_inodes: Collection[int] = (),
+    skip_peer: tuple[str | None, int] | None = None,
+) -> list[tuple[int, int]]:
+    """(fd, inode) of this process's TCP sockets connected to any of ``addresses``, leaving
+    out the sockets ``skip_inodes`` and the one connected to ``skip_peer`` (address, port)."""
     peers = tcp_peers()
     return [
         (fd, inode)
         for inode, fd in socket_inodes().items()
-        if inode in peers and peers[inode][0] in addresses
+        if inode in peers
+        and peers[inode][0] in addresses
+        and inode not in skip_inodes
+        and peers[inode] != skip_peer
     ]
+
+
+def store_endpoint(membership: Membership) -> tuple[str | None, int]:
+    """The rendezvous store's (IP address, port) of ``membership``."""
+    host, _, port = membership.store.rpartition(":")
+    return _resolve(host.strip("[]")), int(port)
 
 
 def shut_down(sockets: list[tuple[int, int]]) -> int:
@@ -156,20 +171,9 @@ class LostNodeWatch:
         """Shut down the connections this process opened since it joined the round to the
         round's nodes, except the rendezvous store's: a peer still waiting on this rank in the
         old process group fails now instead of at the failure timeout. How many were closed."""
-        hosts = {_resolve(node_host(n)) for n in self._joined.nodes} - {None}
-        store_host, _, store_port = self._joined.store.rpartition(":")
-        store = (_resolve(store_host.strip("[]")), int(store_port))
-        peers = tcp_peers()
-        return shut_down(
-            [
-                (fd, inode)
-                for inode, fd in socket_inodes().items()
-                if inode not in self._before
-                and inode in peers
-                and peers[inode][0] in hosts
-                and peers[inode] != store
-            ]
-        )
+        hosts = {h for h in (_resolve(node_host(n)) for n in self._joined.nodes) if h}
+        store = store_endpoint(self._joined)
+        return shut_down(sockets_to(hosts, skip_inodes=self._before, skip_peer=store))
 
     def _run(self) -> None:
         while not self._stop.wait(_POLL_S):
