@@ -2,7 +2,13 @@
 
 import torch
 
-from longboat.collective.buckets import MB, GradSpec, layer_of, plan_buckets
+from longboat.collective.buckets import (
+    MB,
+    GradSpec,
+    assign_communicators,
+    layer_of,
+    plan_buckets,
+)
 
 
 def _specs(sizes, dtype=torch.float32, layers=None):
@@ -114,3 +120,39 @@ def test_describe_names_counts_and_cap():
 def test_layer_of():
     assert layer_of("encoder.0.fc.weight") == "encoder.0.fc"
     assert layer_of("scale") == ""
+
+
+def test_bias_rides_with_its_weight_when_the_layer_exceeds_the_cap():
+    # reverse order meets the bias first; a 2 MB cap must not leave it in a bucket of its own
+    specs = [
+        GradSpec(0, "fc1.weight", MB, torch.float32, torch.device("cpu"), "fc1"),
+        GradSpec(1, "fc1.bias", 10, torch.float32, torch.device("cpu"), "fc1"),
+        GradSpec(2, "fc2.weight", 4 * MB, torch.float32, torch.device("cpu"), "fc2"),
+        GradSpec(3, "fc2.bias", 10, torch.float32, torch.device("cpu"), "fc2"),
+    ]
+    plan = plan_buckets(specs, cap_mb=2, max_layers=50, last_cap_mb=1.0)
+    assert plan.buckets == ((3, 2), (1, 0))
+
+
+def test_a_layer_far_over_the_cap_is_cut_into_cap_sized_pieces():
+    quarter = MB // 4 // 4  # 0.25 MB of float32
+    specs = [
+        GradSpec(i, f"plist.{i}", quarter, torch.float32, torch.device("cpu"), "plist")
+        for i in range(8)
+    ] + [GradSpec(8, "head.weight", 10, torch.float32, torch.device("cpu"), "head")]
+    plan = plan_buckets(specs, cap_mb=0.5, max_layers=50, last_cap_mb=1e-6)
+    assert plan.buckets[0] == (8,)  # the head does not fit beside 2 MB of one layer
+    pieces = plan.buckets[1:]
+    assert [len(b) for b in pieces] == [2, 2, 2, 2]
+    assert sorted(i for b in pieces for i in b) == list(range(8))
+
+
+def test_communicators_balance_bytes_not_bucket_count():
+    # small, large, small, large, small, large: round-robin would stack the large ones
+    sizes = [20_000, 4 * MB, 8_000, 16 * MB, 8_000, 4 * MB]
+    comms = assign_communicators(sizes, 2)
+    assert comms == [0, 1, 0, 0, 1, 1]
+    loads = [sum(s for s, c in zip(sizes, comms, strict=True) if c == k) for k in range(2)]
+    assert max(loads) - min(loads) < 12 * MB  # vs 24 MB apart under round-robin
+    assert assign_communicators([MB] * 4, 2) == [0, 1, 0, 1]  # equal buckets alternate
+    assert assign_communicators(sizes, 1) == [0] * 6

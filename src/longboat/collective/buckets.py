@@ -113,25 +113,71 @@ def _take_tail(specs: list[GradSpec], last_cap: int) -> list[GradSpec]:
 
 
 def _greedy(specs: list[GradSpec], cap: int, max_layers: int) -> list[tuple[int, ...]]:
+    """Pack whole layers into buckets of at most ``cap`` bytes and ``max_layers`` layers.
+
+    A layer's tensors get their gradients at the same moment, so they share a bucket: a
+    layer that does not fit closes the current bucket and starts the next. A layer larger
+    than the cap is cut, at tensor boundaries, into pieces of at least ``cap`` bytes, so a
+    bias never travels alone beside its weight.
+    """
     buckets: list[tuple[int, ...]] = []
     current: list[GradSpec] = []
     size = 0
-    layers: set[str] = set()
-    for spec in specs:
-        new_layer = spec.layer not in layers
+    layers = 0
+
+    def close() -> None:
+        nonlocal current, size, layers
+        if current:
+            buckets.append(tuple(s.index for s in current))
+        current, size, layers = [], 0, 0
+
+    for group in _layer_groups(specs):
+        group_bytes = sum(s.nbytes for s in group)
         fits = (
             current
-            and spec.dtype == current[0].dtype
-            and spec.device == current[0].device
-            and size + spec.nbytes <= cap
-            and len(layers) + new_layer <= max_layers
+            and group[0].dtype == current[0].dtype
+            and group[0].device == current[0].device
+            and size + group_bytes <= cap
+            and layers + 1 <= max_layers
         )
-        if current and not fits:
-            buckets.append(tuple(s.index for s in current))
-            current, size, layers = [], 0, set()
-        current.append(spec)
-        size += spec.nbytes
-        layers.add(spec.layer)
-    if current:
-        buckets.append(tuple(s.index for s in current))
+        if not fits:
+            close()
+        layers += 1
+        rest = group_bytes
+        for spec in group:
+            if size >= cap and rest >= cap:  # only inside a layer larger than the cap
+                close()
+                layers = 1
+            current.append(spec)
+            size += spec.nbytes
+            rest -= spec.nbytes
+    close()
     return buckets
+
+
+def _layer_groups(specs: list[GradSpec]) -> list[list[GradSpec]]:
+    """Runs of consecutive gradients of one layer, dtype and device."""
+    groups: list[list[GradSpec]] = []
+    for spec in specs:
+        last = groups[-1][-1] if groups else None
+        if last and (last.layer, last.dtype, last.device) == (spec.layer, spec.dtype, spec.device):
+            groups[-1].append(spec)
+        else:
+            groups.append([spec])
+    return groups
+
+
+def assign_communicators(bucket_bytes: list[int], communicators: int) -> list[int]:
+    """The communicator of each bucket: the one with the fewest bytes assigned so far.
+
+    Deterministic (sizes only), so every rank picks the same. Round-robin would queue every
+    large bucket of a model that alternates small and large ones (bias-only layers, norms)
+    on one communicator while the other idles.
+    """
+    load = [0] * max(1, communicators)
+    chosen: list[int] = []
+    for nbytes in bucket_bytes:
+        comm = min(range(len(load)), key=lambda c: (load[c], c))
+        load[comm] += nbytes
+        chosen.append(comm)
+    return chosen

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from longboat.collective.buckets import BucketPlan
+from longboat.collective.buckets import BucketPlan, assign_communicators
 from longboat.comm.algorithms import AllreduceFn, Handle
 
 if TYPE_CHECKING:
@@ -95,8 +95,10 @@ class Reducer:
         self._fns = list(allreduce_fns)
         # lossy compressors get the used-parameter flags sent apart, exactly, through these
         self._flag_fns = list(flag_fns) if flag_fns is not None else self._fns
+        sizes = [sum(self.params[i].nbytes for i in members) for members in plan.buckets]
+        comms = assign_communicators(sizes, len(self._fns))
         self._buckets = [
-            _Bucket(b, members, self.params, comm=b % len(self._fns))
+            _Bucket(b, members, self.params, comm=comms[b])
             for b, members in enumerate(plan.buckets)
         ]
         self._where = [(0, 0)] * len(self.params)  # param index -> (bucket, offset)

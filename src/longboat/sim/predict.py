@@ -3,9 +3,9 @@
 Collective mode: backward produces the gradients at the profiled times; the real bucket plan
 (`longboat.collective.buckets.plan_buckets`, with the Strategy's caps; settings chosen by the
 topology rule are resolved for the cluster, see `comm_settings`) groups them; each bucket
-is launched when its last gradient is ready (in plan order) on communicator ``b mod
-nccl_comm_num`` and costed by `longboat.sim.compression` / `longboat.sim.cost`; the timeline
-(`longboat.sim.timeline`) overlaps it with the rest of backward. The step is
+is launched when its last gradient is ready (in plan order) on the communicator the
+reducer gives it (`longboat.collective.buckets.assign_communicators`) and costed by
+`longboat.sim.compression` / `longboat.sim.cost`; the timeline (`longboat.sim.timeline`) overlaps it with the rest of backward. The step is
 ``forward + max(backward, last collective) + optimizer``. Gradient merge runs k-1 micro-steps
 without communication; local SGD averages all parameters (not overlapped) every k steps.
 Parameter-server mode is `longboat.sim.ps`.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longboat.cluster.topology import comm_defaults
-from longboat.collective.buckets import plan_buckets
+from longboat.collective.buckets import assign_communicators, plan_buckets
 from longboat.sim import cost, devices
 from longboat.sim.cluster import Cluster
 from longboat.sim.compression import bucket_parts
@@ -184,6 +184,9 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
     rate = flop_rate(profile, cluster)
     copy_s = 2 * prof.grad_bytes / cluster.mem_bw if cluster.world > 1 else 0.0
     jobs, sent, total, chosen = [], 0, 0.0, set()
+    on_comm = assign_communicators(
+        [sum(prof.params[i].nbytes for i in members) for members in plan.buckets], comms
+    )
     for b, members in enumerate(plan.buckets):
         params = [prof.params[i] for i in members]
         extra = 4 * len(prof.params) if b == len(plan.buckets) - 1 else 0
@@ -193,7 +196,7 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         chosen.add(algo)
         (lat, bw), nbytes = bucket_parts(params, extra, cluster, algo, compression, config, rate)
         ready = max(p.ready_s for p in params) + copy_s * (b + 1) / len(plan.buckets)
-        jobs.append(Job(ready, b % comms, lat, bw))
+        jobs.append(Job(ready, on_comm[b], lat, bw))
         sent += nbytes
         total += lat + bw
     finishes = finish_times(jobs) if cluster.world > 1 else [0.0]
