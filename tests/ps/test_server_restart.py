@@ -24,7 +24,7 @@ from longboat.ps.state import ServerState
 from longboat.ps.wire import Message
 from tests.collective import _workloads as W
 from tests.ps._harness import server_processes
-from tests.ps.test_faults import _all, _engines, _step
+from tests.ps.test_faults import _all, _engines, _step, _steps
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,8 +69,7 @@ def test_sync_trainers_recover_from_a_killed_server_without_losing_updates(
         back.start()
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="longboat.ps"):
-            for i in range(7, W.STEPS):
-                assert _step(trainers, i) == [None, None]
+            assert _steps(trainers, range(7, W.STEPS)) == [None, None]
         back.join()
         assert procs[1].endpoint == endpoint  # the restarted server reuses its endpoint
         assert time.monotonic() - started < 60

@@ -102,19 +102,27 @@ def _each(trainers: list[Trainer], fn: Callable[[int, Trainer], Any]) -> list[An
 
 
 def _step(trainers: list[Trainer], i: int) -> None:
-    def one(rank: int, t: Trainer) -> BaseException | None:
+    _steps(trainers, range(i, i + 1))
+
+
+def _steps(trainers: list[Trainer], steps: range) -> None:
+    """``steps`` on every trainer, each running its own loop (a server failure one trainer
+    meets in ``step()`` another may meet in its next forward, as separate processes would)."""
+
+    def loop(rank: int, t: Trainer) -> BaseException | None:
         _, m, opt = t
         per = BATCH // WORLD
+        rows = slice(rank * per, (rank + 1) * per)
         try:
-            opt.zero_grad()
-            rows = slice(rank * per, (rank + 1) * per)
-            F.cross_entropy(m(IDS[i, rows]), LABELS[i, rows]).backward()
-            opt.step()
+            for i in steps:
+                opt.zero_grad()
+                F.cross_entropy(m(IDS[i, rows]), LABELS[i, rows]).backward()
+                opt.step()
         except PSError as exc:
             return exc
         return None
 
-    assert _each(trainers, one) == [None] * WORLD
+    assert _each(trainers, loop) == [None] * WORLD
 
 
 def _final(trainers: list[Trainer]) -> dict[str, Any]:
@@ -159,8 +167,7 @@ def _train(tmp_path: Path, kill: Callable[[list[Any]], threading.Timer | None] |
         assert dropped[-1]["counted"] > 0, dropped  # the replayed pass end evicts rows
         _each(trainers, lambda _, t: t[1].engine.synchronize())
         back = kill(procs) if kill is not None else None
-        for i in range(KILL_AT, STEPS):
-            _step(trainers, i)
+        _steps(trainers, range(KILL_AT, STEPS))
         if back is not None:
             back.join()
         assert [t[1].engine.step_no for t in trainers] == [STEPS] * WORLD

@@ -87,10 +87,11 @@ def test_ps_timeline_has_a_ps_lane_per_trainer(tmp_path: Path) -> None:
         calls = [e for e in spans if lanes[(pid, e["tid"])].startswith("ps")]
         assert lanes[(pid, calls[0]["tid"])] in {"ps", "ps1", "ps2", "ps3"}
         names = {e["name"] for e in calls}
-        # every step pushes to and pulls from both servers (plus init, barrier, first pull)
-        assert {"push s0", "push s1", "pull s0", "pull s1"} <= names, names
+        # every step pushes to both servers, the step's last push asking for the next values
+        # ("push+pull"; plus init, barrier and the first plain pulls)
+        assert {"push+pull s0", "push+pull s1", "pull s0", "pull s1"} <= names, names
         pushes = [e for e in calls if e["name"].startswith("push")]
-        pulls = [e for e in calls if e["name"].startswith("pull")]
+        pulls = [e for e in calls if "pull" in e["name"]]
         assert len(pushes) >= STEPS * 2 and len(pulls) >= STEPS * 2
         for e in pushes + pulls:
             assert e["cat"] == "ps" and e["dur"] >= 0 and e["ts"] >= 0
@@ -202,9 +203,15 @@ def test_stalled_trainer_learns_from_the_server_which_trainer_is_late() -> None:
         step(0)
         step(2)
         engine = trainers[0][0].engine
-        pull = next(iter(engine._pending.values()))[0]  # the pull of step 0's result, in flight
+        # the pull of step 0's result, in flight: it rode on trainer 0's last push, which
+        # step() does not wait for, so the server may not have applied the pushes yet
+        pull = next(iter(engine._pending.values()))[0]
         try:
+            deadline = time.monotonic() + 30
             text = engine.explain_wait(pull, 5.0)
+            while "trainer 1 (the server says)" not in text and time.monotonic() < deadline:
+                time.sleep(0.05)
+                text = engine.explain_wait(pull, 5.0)
         finally:
             step(1)  # releases the pulls, so that close() does not wait for the deadline
             for m, _ in trainers:

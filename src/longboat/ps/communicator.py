@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -13,6 +14,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from longboat.log import get_logger
+
+log = get_logger("longboat.ps")
 WAIT_S = 0.005  # one of Paddle's "send_wait_times" waits for more gradients to merge
 
 
@@ -112,15 +116,25 @@ class AsyncCommunicator:
 class HookPusher:
     """Pushes gradients from post-accumulate-grad hooks, bucket by bucket, on one thread.
 
-    ``push(indices)`` is called (on the background thread) with the parameter indices of a
-    bucket once all of them have their gradient; it returns the calls it started.
+    ``push(indices, last)`` is called (on the background thread) with the parameter indices of
+    a bucket once all of them have their gradient, ``last`` true for the step's final bucket
+    (the one that can carry the step's pull); it returns the calls it started.
+
+    With ``tune`` the pusher times backward over steps 1 to ``TUNE_STEPS`` (step 0 is warm-up)
+    and then merges every bucket whose push would start less than ``MIN_LEAD_S`` before
+    ``finish()`` into the step's last bucket: such a push hides no transfer behind backward
+    and only costs a call per server (many small layers, or a model whose backward is short).
     """
+
+    TUNE_STEPS = 3
+    MIN_LEAD_S = 0.004
 
     def __init__(
         self,
         params: Sequence[torch.nn.Parameter],
-        push: Callable[[list[int]], list[Future]],
+        push: Callable[[list[int], bool], list[Future]],
         bucket_bytes: int,
+        tune: bool = True,
     ) -> None:
         self._push = push
         self.buckets: list[list[int]] = []
@@ -134,19 +148,26 @@ class HookPusher:
                 current, size = [], 0
         if current:
             self.buckets.append(current)
-        self._bucket_of = {i: b for b, idx in enumerate(self.buckets) for i in idx}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="lb-ps-push")
-        self.reset()
+        self._steps = 0
+        self._leads: list[list[float]] | None = [] if tune and len(self.buckets) > 1 else None
+        self._use(self.buckets)
         self._handles = [
             p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(params)
         ]
+
+    def _use(self, buckets: list[list[int]]) -> None:
+        self.buckets = buckets
+        self._bucket_of = {i: b for b, idx in enumerate(buckets) for i in idx}
+        self.reset()
 
     def reset(self) -> None:
         with self._lock:
             self._missing = [set(b) for b in self.buckets]
             self._started: list[Future] = []
             self._sent = [False] * len(self.buckets)
+            self._ready_at = [0.0] * len(self.buckets)
             self._twice = False
 
     def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
@@ -158,19 +179,28 @@ class HookPusher:
                 self._missing[b].discard(index)
                 ready = not self._missing[b] and not self._sent[b]
                 if ready:
-                    self._sent[b] = True
-                    self._started.append(self._executor.submit(self._push, self.buckets[b]))
+                    self._submit(b)
 
         return hook
 
+    def _submit(self, bucket: int) -> None:
+        """Start bucket's push (the lock is held); the last of the step says so."""
+        self._sent[bucket] = True
+        self._ready_at[bucket] = time.perf_counter()
+        last = all(self._sent)
+        self._started.append(self._executor.submit(self._push, self.buckets[bucket], last))
+
     def finish(self) -> list[Future]:
         """Push the buckets no hook completed (unused parameters); return every started push."""
+        now = time.perf_counter()
         with self._lock:
+            leads = [now - t if sent else 0.0 for t, sent in zip(self._ready_at, self._sent,
+                                                                 strict=True)]  # fmt: skip
             for b, sent in enumerate(self._sent):
                 if not sent:
-                    self._sent[b] = True
-                    self._started.append(self._executor.submit(self._push, self.buckets[b]))
+                    self._submit(b)
             started, twice = self._started, self._twice
+        self._tune(leads)
         self.reset()
         if twice:
             raise RuntimeError(
@@ -179,6 +209,30 @@ class HookPusher:
                 "overlap=False to lb.ps.distribute to push the accumulated gradients in step()"
             )
         return started
+
+    def _tune(self, leads: list[float]) -> None:
+        """Record a step's bucket leads; after the tuning steps merge the short ones."""
+        self._steps += 1
+        if self._leads is None or self._steps == 1:
+            return
+        self._leads.append(leads)
+        if len(self._leads) < self.TUNE_STEPS:
+            return
+        median = [statistics.median(column) for column in zip(*self._leads, strict=True)]
+        self._leads = None
+        keep = next((b for b, lead in enumerate(median) if lead < self.MIN_LEAD_S), len(median))
+        if keep >= len(self.buckets) - 1:
+            return
+        merged = self.buckets[:keep] + [[i for b in self.buckets[keep:] for i in b]]
+        log.info(
+            "push buckets: %d -> %d (buckets ready less than %.0f ms before step() join the "
+            "last; measured leads %s ms)",
+            len(self.buckets),
+            len(merged),
+            self.MIN_LEAD_S * 1e3,
+            ", ".join(f"{1e3 * lead:.1f}" for lead in median),
+        )
+        self._use(merged)
 
     def abandon(self) -> None:
         """Wait for the pushes already started (ignoring their errors) and forget this step."""

@@ -29,6 +29,9 @@ class PSConfig:
     overlap: bool = True
     min_block_size: int = DEFAULT_MIN_BLOCK_SIZE
     bucket_bytes: int = 1 << 20
+    #: sync with overlap: after timing a few steps, merge push buckets that would start too
+    #: close to the end of backward to hide anything (``HookPusher``)
+    tune_buckets: bool = True
     #: sync: steps of pushed gradients kept to replay after a server restarts from its
     #: checkpoint (0: off; default twice ``LONGBOAT_PS_CHECKPOINT_EVERY``)
     recovery_window: int = 0

@@ -298,19 +298,23 @@ class PSEngine:
             self.dense.synchronize()  # a failure here is recovered through this step too
             self.mode.step()
         except PSError as exc:
-            dropped = exc.code == "FAILED_PRECONDITION" and DROPPED in str(exc)
-            if not dropped:
-                self._recover(exc, self.step_no)  # ends at step_no + 1
-                return
-            log.warning(
-                "trainer %d %s (silent too long; its step %d is discarded): it rejoins",
-                self.trainer,
-                DROPPED,
-                self.step_no,
-            )
-            log.warning("trainer %d rejoined at step %d", self.trainer, self.rejoin())
+            self._failed(exc, self.step_no)  # ends at step_no + 1 or rejoined
             return
         self.step_no += 1
+
+    def _failed(self, exc: PSError, step: int) -> None:
+        """A call of ``step`` failed: a trainer the servers dropped rejoins; otherwise ride out
+        a server restart (``_recover``), or raise."""
+        if not (exc.code == "FAILED_PRECONDITION" and DROPPED in str(exc)):
+            self._recover(exc, step)
+            return
+        log.warning(
+            "trainer %d %s (silent too long; its step %d is discarded): it rejoins",
+            self.trainer,
+            DROPPED,
+            step,
+        )
+        log.warning("trainer %d rejoined at step %d", self.trainer, self.rejoin())
 
     def _waiting(self, what: str) -> contextlib.AbstractContextManager[Any]:
         """A wait of the training thread, on the timeline when it records."""
@@ -343,8 +347,8 @@ class PSEngine:
         server restart, sync trainers with a replay log recover here: ``longboat.ps.recovery``)."""
         try:
             self.dense.synchronize()
-        except PSError as exc:
-            self._recover(exc, self.step_no - 1)
+        except PSError as exc:  # the pull may ride on the last push of the step before
+            self._failed(exc, self.step_no - 1)
 
     def _recover(self, exc: PSError, through: int) -> None:
         """Ride out a server restart (``longboat.ps.recovery``): replay the logged steps up to
@@ -434,8 +438,8 @@ def distribute(
     """Connect ``model`` and ``optimizer`` to the job's servers (``lb.distribute`` calls this for
     ``mode="ps"``). Servers and trainer ids come from the launcher's environment unless given;
     ``timeout`` bounds every call (default ``LONGBOAT_PS_TIMEOUT`` or 120 s); ``overrides`` set
-    PSConfig fields (``overlap``, ``min_block_size``, ``bucket_bytes``, or ``mode``: a
-    registered mode's name in place of the Strategy's, see ``longboat.ps.modes``)."""
+    PSConfig fields (``overlap``, ``min_block_size``, ``bucket_bytes``, ``tune_buckets``, or
+    ``mode``: a registered mode's name in place of the Strategy's, see ``longboat.ps.modes``)."""
     strategy.check_implemented()
     if optimizer is None:
         raise ValueError("parameter-server mode needs the optimizer: lb.distribute(model, opt, s)")

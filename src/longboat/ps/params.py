@@ -12,6 +12,7 @@ import torch
 
 from longboat.ps.client import Call, Client
 from longboat.ps.plan import Block, ShardingPlan
+from longboat.ps.request import PULL_AFTER_PUSH
 from longboat.ps.wire import Message, chunks_by_bytes
 
 Waiting = Callable[[str], contextlib.AbstractContextManager[Any]]
@@ -49,6 +50,15 @@ class DenseParams:
         self.blocks = [plan.of_param(n) for n, _ in params]
         self.pending: dict[int, list[Call]] = {}  # pulls in flight, per server
         self._chunk_bytes = client.max_bytes // 2
+        self._pull_keys = [  # each server's block keys, as one pull reply each can hold
+            list(
+                chunks_by_bytes(
+                    [(b.key, math.prod(b.shape) * 4) for b in plan.of_server(s)],  # float32
+                    self._chunk_bytes,
+                )
+            )
+            for s in range(len(client))
+        ]
         self._barrier_gen = 0
 
     def __len__(self) -> int:
@@ -58,15 +68,16 @@ class DenseParams:
         """Every parameter's gradient (zeros where it has none)."""
         return [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]
 
-    def push_grads(self, indices: Iterable[int], step: int) -> list[Call]:
-        """Start the pushes of the gradients of parameters ``indices`` for ``step``."""
+    def push_grads(self, indices: Iterable[int], step: int, pull: int | None = None) -> list[Call]:
+        """Start the pushes of the gradients of parameters ``indices`` for ``step`` (``pull``:
+        see ``push``)."""
         idx = list(indices)
         grads = [self.params[i][1].grad for i in idx]
         tensors = [
             g if g is not None else torch.zeros_like(self.params[i][1])
             for i, g in zip(idx, grads, strict=True)
         ]
-        return self.push(idx, tensors, step, aligned=True)
+        return self.push(idx, tensors, step, aligned=True, pull=pull)
 
     def push(
         self,
@@ -74,8 +85,14 @@ class DenseParams:
         tensors: Sequence[torch.Tensor],
         step: int,
         aligned: bool = False,
+        pull: int | None = None,
     ) -> list[Call]:
-        """Push ``tensors`` (one per index, or one per parameter unless ``aligned``)."""
+        """Push ``tensors`` (one per index, or one per parameter unless ``aligned``).
+
+        ``pull``: the last push to each server also asks for all of that server's blocks at
+        version ``pull`` (when they fit one reply): its reply is that pull's, and one call
+        per server and step is saved. ``pulls_in(calls)`` picks those calls out.
+        """
         idx = list(indices)
         per_server: dict[int, list[tuple[str, torch.Tensor]]] = {}
         for j, i in enumerate(idx):
@@ -84,21 +101,50 @@ class DenseParams:
                 per_server.setdefault(b.server, []).append((b.key, part(t, b)))
         lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
         meta = {"trainer": self.trainer, "step": step, "lrs": lrs}
-        return [
-            self.client.start(s, "push", Message(meta, dict(chunk)))
-            for s, items in per_server.items()
-            for chunk in chunks_by_bytes(
-                ((item, item[1].numel() * item[1].element_size()) for item in items),
-                self._chunk_bytes,
+        calls = []
+        for s, items in per_server.items():
+            chunks = list(
+                chunks_by_bytes(
+                    ((item, item[1].numel() * item[1].element_size()) for item in items),
+                    self._chunk_bytes,
+                )
             )
-        ]
+            for n, chunk in enumerate(chunks, 1):
+                then = self._pull_meta(s, pull) if n == len(chunks) else None
+                call_meta = meta if then is None else {**meta, PULL_AFTER_PUSH: then}
+                calls.append(self.client.start(s, "push", Message(call_meta, dict(chunk))))
+        return calls
 
-    def start_pulls(self, version: int) -> dict[int, list[Call]]:
-        """Start the pulls of every block, answered once it reaches ``version``."""
+    def _pull_meta(self, server: int, version: int | None) -> dict[str, Any] | None:
+        """What a pull of all of ``server``'s blocks at ``version`` asks (None: no pull asked,
+        or the blocks need more than one reply)."""
+        if version is None or len(self._pull_keys[server]) != 1:
+            return None
+        return {"keys": self._pull_keys[server][0], "version": version, "trainer": self.trainer}
+
+    @staticmethod
+    def pulls_in(calls: Iterable[Call]) -> tuple[list[Call], dict[int, list[Call]]]:
+        """``calls`` split into plain pushes and, per server, the pushes that also pull."""
+        pushes: list[Call] = []
         pulls: dict[int, list[Call]] = {}
+        for call in calls:
+            if call.msg is not None and PULL_AFTER_PUSH in call.msg.meta:
+                pulls.setdefault(call.server, []).append(call)
+            else:
+                pushes.append(call)
+        return pushes, pulls
+
+    def start_pulls(
+        self, version: int, have: Mapping[int, list[Call]] | None = None
+    ) -> dict[int, list[Call]]:
+        """Start the pulls of every block, answered once it reaches ``version``; servers in
+        ``have`` (pulls already asked for, e.g. by ``push(..., pull=version)``) are skipped
+        and their calls returned with the new ones."""
+        pulls: dict[int, list[Call]] = {s: list(c) for s, c in (have or {}).items()}
         for s in range(len(self.client)):
-            sized = [(b.key, math.prod(b.shape) * 4) for b in self.plan.of_server(s)]  # float32
-            for keys in chunks_by_bytes(sized, self._chunk_bytes):
+            if s in pulls:
+                continue
+            for keys in self._pull_keys[s]:
                 meta = {"keys": keys, "version": version, "trainer": self.trainer}
                 pulls.setdefault(s, []).append(self.client.start(s, "pull", Message(meta)))
         return pulls

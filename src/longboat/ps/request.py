@@ -13,6 +13,9 @@ class StaleStep(RuntimeError):
     """A sync push or pull for a step this server is not at (e.g. it restarted from a checkpoint)."""
 
 
+#: a push's meta entry holding a pull's meta: the server answers the push with that pull's reply
+PULL_AFTER_PUSH = "pull"
+
 DROPPED = "was dropped from the sync steps"  # in a Dropped refusal's text: the engine rejoins
 
 

@@ -28,7 +28,7 @@ from longboat.log import get_logger
 from longboat.ps import auth, checkpoint, guard, wire
 from longboat.ps.client import METHODS, SERVICE, max_message_bytes
 from longboat.ps.limits import ServerLimits
-from longboat.ps.request import RequestError, StaleStep, meta_int
+from longboat.ps.request import PULL_AFTER_PUSH, RequestError, StaleStep, meta_int
 from longboat.ps.state import ServerState
 from longboat.ps.wire import Message, WireError
 
@@ -204,8 +204,16 @@ class Server:
     def _do_init(self, msg: Message, deadline: float) -> Message:
         return self.state.init(msg)
 
-    def _do_push(self, msg: Message, deadline: float) -> Message:
-        return self.state.push(msg, deadline)
+    def _do_push(self, msg: Message, deadline: float) -> Message | bytes:
+        """Apply the push; with a ``pull`` entry (the trainer's last push of a step) answer
+        with that pull's reply once it is ready, saving the trainer a call."""
+        reply = self.state.push(msg, deadline)
+        then = msg.meta.get(PULL_AFTER_PUSH)
+        if then is None:
+            return reply
+        if not isinstance(then, dict):
+            raise RequestError("a push's 'pull' entry must be a pull's meta (keys, version)")
+        return self.state.pull(Message(then), deadline)
 
     def _do_pull(self, msg: Message, deadline: float) -> bytes:
         return self.state.pull(msg, deadline)

@@ -2,8 +2,10 @@
 
 Lanes of the trainer's process (``pid`` = trainer index, merged like the collective ranks):
 
-- ``ps``: every call to a server, from send to reply: ``push s1``, ``pull s0``, ``barrier s0``
-  ... with ``server``, ``bytes`` (request for a push, reply for a pull), ``step``, ``keys``.
+- ``ps``: every call to a server, from send to reply: ``push s1``, ``pull s0``, ``barrier s0``,
+  ``push+pull s1`` (a sync step's last push, answered with the next values once every trainer
+  pushed) ... with ``server``, ``bytes`` (request for a push, reply for a pull), ``step``,
+  ``keys``.
   Calls in flight at the same time (one per server and chunk, pulls overlapping the next
   forward) go to ``ps1``, ``ps2``, ...: each lane holds one call at a time, so its spans never
   overlap and every span is exactly one call's send-to-reply time.
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from longboat.ps.request import PULL_AFTER_PUSH
 from longboat.trace import observer as _observer
 from longboat.trace.recorder import Recorder
 from longboat.trace.stall import shown
@@ -64,7 +67,7 @@ class PSObserver:
         keys = call.keys()
         if keys:
             args["keys"] = f"{len(keys)}: {shown(keys)}"
-        method = call.method
+        method = call.method if waits_as(call)[0] == call.method else f"{call.method}+pull"
 
         def done(future: Any) -> None:
             end = rec.now()
@@ -160,12 +163,12 @@ class StallExplainer:
 
     def explain(self, call: Any, waited: float) -> str:
         """The warning for ``call``, unanswered after ``waited`` seconds."""
-        meta = call.msg.meta if call.msg is not None else {}
+        method, meta = waits_as(call)
         others = [t for t in range(self.trainers) if t != self.trainer]
-        whom = self.whom(call, meta) or (
+        whom = self.whom(call) or (
             f"trainer {others[0]}" if len(others) == 1 else f"one or more of trainers {others}"
         )
-        if call.method == "pull" and int(meta.get("version", 0)) > 0 and self.sync:
+        if method == "pull" and int(meta.get("version", 0)) > 0 and self.sync:
             step = int(meta["version"]) - 1
             what = f"pull of step {step}"
             why = (
@@ -174,17 +177,17 @@ class StallExplainer:
                 if others
                 else "this is the only trainer: the server is slow or stuck"
             )
-        elif call.method in ("barrier", "restore") and others:
-            what = f"{call.method} at step {self._step()}"
+        elif method in ("barrier", "restore") and others:
+            what = f"{method} at step {self._step()}"
             why = (
                 f"it answers once all {self.trainers} trainers reached it; this trainer "
                 f"({self.trainer}) has, so it waits for {whom}"
             )
         else:
-            step = int(meta.get("step", -1)) if call.method == "push" else -1
-            what = f"push of step {step}" if step >= 0 else f"{call.method} at step {self._step()}"
+            step = int(meta.get("step", -1)) if method == "push" else -1
+            what = f"push of step {step}" if step >= 0 else f"{method} at step {self._step()}"
             why = (
-                f"a {call.method} does not wait for other trainers: the server is slow, stuck "
+                f"a {method} does not wait for other trainers: the server is slow, stuck "
                 "or unreachable"
             )
         return (
@@ -192,12 +195,14 @@ class StallExplainer:
             f"answered {what} for keys [{shown(call.keys())}] after {waited:.1f} s; {why}"
         )
 
-    def whom(self, call: Any, meta: dict[str, Any]) -> str:
+    def whom(self, call: Any) -> str:
         """Ask the stalled call's server which trainers it still lacks ("" if it cannot say)."""
-        if call.method == "barrier":
+        method, meta = waits_as(call)
+        if method == "barrier":
             question: dict[str, Any] = {"barrier": [meta.get("name", ""), meta.get("generation")]}
-        elif call.method == "pull":
-            tables = [n[:-4] for n in (call.msg.tensors if call.msg else {}) if n.endswith("@ids")]
+        elif method == "pull":
+            asked = call.msg.tensors if call.msg is not None and call.method == "pull" else {}
+            tables = [n[:-4] for n in asked if n.endswith("@ids")]
             question = {"keys": meta.get("keys") or [], "tables": tables,
                         "version": meta.get("version", 0)}  # fmt: skip
         else:
@@ -207,3 +212,13 @@ class StallExplainer:
             return ""
         names = ", ".join(str(t) for t in lacking)
         return f"trainer{'s' if len(lacking) > 1 else ''} {names} (the server says)"
+
+
+def waits_as(call: Any) -> tuple[str, dict[str, Any]]:
+    """What a call waits on, as (method, meta): a push carrying the step's pull (its reply is
+    that pull's) waits as that pull."""
+    meta = call.msg.meta if call.msg is not None else {}
+    then = meta.get(PULL_AFTER_PUSH)
+    if call.method == "push" and isinstance(then, dict):
+        return "pull", then
+    return call.method, meta

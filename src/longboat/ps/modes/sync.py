@@ -12,7 +12,8 @@ from longboat.ps.params import part, wait_all
 
 @register("sync")
 class SyncStep(Mode):
-    """Push (bucketed during backward with ``overlap``), then pull step + 1's values."""
+    """Push (bucketed during backward with ``overlap``), then pull step + 1's values: the last
+    push to each server asks for them, so a step costs one call per server and bucket."""
 
     sync = True
     trainer_optimizer = True
@@ -24,26 +25,30 @@ class SyncStep(Mode):
             params = ctx.params
             self._pusher = HookPusher(
                 [p for _, p in params.params],
-                lambda indices: params.push_grads(indices, ctx.step()),
+                lambda indices, last: params.push_grads(
+                    indices, ctx.step(), ctx.step() + 1 if last else None
+                ),
                 ctx.cfg.bucket_bytes,
+                tune=ctx.cfg.tune_buckets,
             )
 
     def step(self) -> None:
         ctx, params, step = self.ctx, self.ctx.params, self.ctx.step()
         with ctx.waiting("push"):
             if self._pusher is not None:
-                for started in self._pusher.finish():
-                    wait_all(started.result())
+                calls = [c for started in self._pusher.finish() for c in started.result()]
             else:
-                wait_all(params.push_grads(range(len(params)), step))
+                calls = params.push_grads(range(len(params)), step, step + 1)
+            pushes, pulling = params.pulls_in(calls)
+            wait_all(pushes)
             wait_all(ctx.sparse.push(step, every_server=True))
         if ctx.cfg.update_on_server:
-            params.pending = params.start_pulls(step + 1)
+            params.pending = params.start_pulls(step + 1, have=pulling)
             if not ctx.cfg.overlap:
                 params.synchronize()
             return
         with ctx.waiting("pull"):
-            means = params.collect(params.start_pulls(step + 1))
+            means = params.collect(params.start_pulls(step + 1, have=pulling))
         for (_, p), blocks in zip(params.params, params.blocks, strict=True):
             grad = torch.empty_like(p)
             for b in blocks:
