@@ -40,6 +40,7 @@ def train_dense(
     opt_name: str,
     on_server: bool,
     overlap: bool,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, torch.Tensor]:
     """STEPS sync steps of the collective tests' MixedNet on this trainer's shard."""
     cfg = W.Config(optimizer="adam" if opt_name == "adam" else "sgd")
@@ -54,6 +55,7 @@ def train_dense(
         trainers=world,
         token=token,
         overlap=overlap,
+        **(overrides or {}),
     )
     x, y = W.data(cfg)
     for i in range(W.STEPS):

@@ -207,13 +207,11 @@ class Server:
     def _do_push(self, msg: Message, deadline: float) -> Message | bytes:
         """Apply the push; with a ``pull`` entry (the trainer's last push of a step) answer
         with that pull's reply once it is ready, saving the trainer a call."""
-        reply = self.state.push(msg, deadline)
         then = msg.meta.get(PULL_AFTER_PUSH)
-        if then is None:
-            return reply
-        if not isinstance(then, dict):
+        if then is not None and not isinstance(then, dict):  # refused before anything applies
             raise RequestError("a push's 'pull' entry must be a pull's meta (keys, version)")
-        return self.state.pull(Message(then), deadline)
+        reply = self.state.push(msg, deadline)
+        return reply if then is None else self.state.pull(Message(then), deadline)
 
     def _do_pull(self, msg: Message, deadline: float) -> bytes:
         return self.state.pull(msg, deadline)
