@@ -30,6 +30,7 @@ from torch.nn import functional as F
 from longboat.tools.progress import progress
 
 INPUT_BOUND_FRACTION = 0.1
+NO_SYNC = "no sync"  # the same model stepped with no gradient exchange: the compute floor
 
 
 # ---- models --------------------------------------------------------------------------------------
@@ -239,6 +240,9 @@ def rank_main(config: Config) -> dict[str, Any] | None:
         nn.parallel.DistributedDataParallel(theirs),
         torch.optim.SGD(theirs.parameters(), lr=0.01, momentum=0.9),
     )
+    # the compute floor: the same steps with no gradient exchange, which no allreduce beats
+    alone = spec.build()
+    systems[NO_SYNC] = (alone, torch.optim.SGD(alone.parameters(), lr=0.01, momentum=0.9))
     batches = {name: _batches(spec, config, lb.rank()) for name in systems}
     for name, (model, opt) in systems.items():
         if config.warmup:
@@ -261,7 +265,8 @@ def rank_main(config: Config) -> dict[str, Any] | None:
 
 def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows per (system, nproc): samples/s, speedup and efficiency vs 1 rank (None without a
-    1-rank run), input-boundness and the longboat/DDP ratio."""
+    1-rank run), input-boundness, the longboat/DDP ratio and the no-sync floor's ratio to DDP
+    (the same steps without any gradient exchange: the best any allreduce could reach)."""
     rows = []
     base: dict[str, float] = {}
     for nproc in sorted(raw):
@@ -271,6 +276,11 @@ def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
         )
         ratio = statistics.median(ratios)
         q1, q3 = statistics.quantiles(ratios, n=4)[::2] if len(ratios) > 1 else (ratio, ratio)
+        floor = None
+        if NO_SYNC in r:
+            floor = statistics.median(
+                a / b for a, b in zip(r[NO_SYNC]["step_s"], r["ddp"]["step_s"], strict=True)
+            )
         for system in ("longboat", "ddp"):
             step = statistics.median(r[system]["step_s"])
             data = statistics.median(r[system]["data_s"])
@@ -290,6 +300,7 @@ def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
                     "input_bound": data / step > INPUT_BOUND_FRACTION,
                     "longboat_over_ddp": ratio,
                     "longboat_over_ddp_p25_p75": [q1, q3],
+                    "no_sync_over_ddp": floor,
                     "params": r["params"],
                     "batch_per_rank": r["batch_per_rank"],
                     "rounds": len(r[system]["step_s"]),
@@ -318,6 +329,7 @@ def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
         "efficiency",
         "input wait",
         "longboat/DDP",
+        "no-sync/DDP",
     ):  # noqa: E501
         table.add_column(column, justify="right")
     for r in rows:
@@ -330,6 +342,7 @@ def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
             _ratio(r["efficiency"], "{:.0%}"),
             f"{r['data_fraction']:.0%}" + (" INPUT-BOUND" if r["input_bound"] else ""),
             f"{r['longboat_over_ddp']:.3f}",
+            _ratio(r.get("no_sync_over_ddp"), "{:.3f}"),
         )
     console = Console()
     console.width = max(console.width, 110)
@@ -338,8 +351,8 @@ def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
 
 def markdown(model: str, rows: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| model | system | ranks | step ms | samples/s | speedup | efficiency | input wait | longboat/DDP |",  # noqa: E501
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | system | ranks | step ms | samples/s | speedup | efficiency | input wait | longboat/DDP | no-sync/DDP |",  # noqa: E501
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         flag = " (input-bound)" if r["input_bound"] else ""
@@ -347,7 +360,7 @@ def markdown(model: str, rows: Sequence[dict[str, Any]]) -> str:
             f"| {model} | {r['system']} | {r['nproc']} | {r['step_ms']:.2f} | {r['samples_per_s']:.1f} "
             f"| {_ratio(r['speedup'], '{:.2f}x')} | {_ratio(r['efficiency'], '{:.0%}')} "
             f"| {r['data_fraction']:.0%}{flag} "
-            f"| {r['longboat_over_ddp']:.3f} |"
+            f"| {r['longboat_over_ddp']:.3f} | {_ratio(r.get('no_sync_over_ddp'), '{:.3f}')} |"
         )
     return "\n".join(lines)
 
