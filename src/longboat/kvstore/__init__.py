@@ -20,6 +20,8 @@ serves until every worker has finished, then exits: the same script runs in ever
 from __future__ import annotations
 
 import atexit
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -62,7 +64,12 @@ def create(
         from longboat.ps.server import run_server
 
         run_server()
-        sys.exit(0)
+        # end here, as the launcher's server watch does: an interpreter shutdown with gRPC's
+        # threads still winding down can abort (std::terminate) after a correct run
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     if servers is None or rank is None or num_workers is None:
         env_servers, env_rank, env_workers = cluster_from_env()
         servers = env_servers if servers is None else servers
