@@ -8,7 +8,9 @@ Every rank builds one model per method (identical weights), wraps it with torch 
 steps, cycling through the methods in a rotated order each round (so machine noise hits all
 alike). Rank 0 prints, per method, the median step time, the median of the per-round ratios
 to DDP (rounds paired in time) and the gradient bytes rank 0 sent per step, as a Markdown table
-for docs/BENCHMARKS.md. Accuracy of the same methods: benchmarks/compression_accuracy.py.
+for docs/BENCHMARKS.md, with two floors measured in the same rounds: the model stepped with no
+gradient exchange, and one allreduce of all its gradients alone (what the link needs).
+Accuracy of the same methods: benchmarks/compression_accuracy.py.
 Run plainly (no RANK in the environment) it starts ``--nproc`` local ranks itself.
 """
 
@@ -17,13 +19,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from auto_vs_default import BATCH, WIDTHS, build  # same model (this directory)
 from auto_vs_default import run_steps as time_steps
 from torch import nn
 
+NO_SYNC = "no sync (compute floor)"
+LINK = "one allreduce of all gradients (link floor)"
 METHODS: dict[str, dict[str, Any]] = {
     "longboat default": {},
     "fp16_allreduce": {"fp16_allreduce": True},
@@ -54,11 +60,14 @@ def worker(methods: list[str], rounds: int, steps: int) -> dict[str, Any]:
         model = build()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         runs[name] = lb.distribute(model, opt, lb.Strategy(**METHODS[name]))
+    alone = build()  # the compute floor: the same steps, no gradient exchange
+    runs[NO_SYNC] = (alone, torch.optim.SGD(alone.parameters(), lr=0.01, momentum=0.9))
     names = list(runs)
     for name in names:  # warm-up (and every method's own warm-up phase)
         time_steps(*runs[name], x, y, 3)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    sent: dict[str, list[float]] = {n: [] for n in names}
+    times: dict[str, list[float]] = {n: [] for n in [*names, LINK]}
+    sent: dict[str, list[float]] = {n: [] for n in [*names, LINK]}
+    flat = torch.zeros(sum(p.numel() for p in alone.parameters()))
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             model, opt = runs[name]
@@ -66,6 +75,10 @@ def worker(methods: list[str], rounds: int, steps: int) -> dict[str, Any]:
             times[name].append(time_steps(model, opt, x, y, steps))
             if hasattr(model, "bytes_sent"):
                 sent[name].append((model.bytes_sent() - before) / steps)
+        dist.barrier()  # the link floor: every gradient byte in one allreduce, nothing else
+        start = time.perf_counter()
+        dist.all_reduce(flat)
+        times[LINK].append(time.perf_counter() - start)
     return {"times": times, "sent": sent}
 
 

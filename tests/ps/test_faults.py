@@ -54,20 +54,7 @@ def _engines(eps: list[str], token: str, world: int, **kw: Any) -> list[tuple[An
 
 def _step(trainers: list[tuple[Any, Any, Any]], i: int) -> list[BaseException | None]:
     """Step ``i`` on every trainer at once; each trainer's exception (or None)."""
-    world = len(trainers)
-
-    def one(rank: int) -> BaseException | None:
-        _, m, opt = trainers[rank]
-        try:
-            opt.zero_grad()
-            F.cross_entropy(m(W.shard(X[i], rank, world)), W.shard(Y[i], rank, world)).backward()
-            opt.step()
-        except PSError as exc:
-            return exc
-        return None
-
-    with ThreadPoolExecutor(world) as pool:
-        return list(pool.map(one, range(world)))
+    return _steps(trainers, range(i, i + 1))
 
 
 def _steps(trainers: list[tuple[Any, Any, Any]], steps: range) -> list[BaseException | None]:
