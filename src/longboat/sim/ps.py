@@ -5,7 +5,8 @@ back. A trainer's link carries ``D`` bytes each way (``D``: dense gradient bytes
 link carries ``T * D / S`` bytes each way (``T`` trainers). Per direction the slower of the two
 bounds the transfer; each RPC adds the server link's latency twice (request, reply).
 
-* sync (``a_sync=False``): ``compute + push + server update + pull`` after backward;
+* sync (``a_sync=False``): ``compute + push + server update + pull`` after backward, in one
+  call per server (the step's push carries its pull);
 * async (``a_sync=True``, ``k_steps <= 0``): trainers do not wait for each other, so a step is
   the larger of a trainer's own ``compute + push + pull`` and the servers' time per step of all
   trainers' traffic;
@@ -30,22 +31,26 @@ def simulate_ps(profile: Profile, cluster: Cluster, strategy: Strategy):  # noqa
     dense = prof.grad_bytes
     trainer_rate = cluster.inter.rate * min(cluster.inter.nics_per_node, cluster.devices_per_node)
     trainer_rate /= cluster.devices_per_node  # the node's NICs are shared by its trainers
-    one_way = max(dense / trainer_rate, trainers * dense / servers / link.rate) + 2 * link.latency
+    transfer = max(dense / trainer_rate, trainers * dense / servers / link.rate)
+    one_way = transfer + 2 * link.latency
     update = trainers * dense / servers / cluster.mem_bw + prof.optimizer_s / servers
     compute = prof.forward_s + prof.backward_s
     a_sync = bool(strategy.a_sync)
     k = int(strategy.a_sync_configs["k_steps"])
-    if not a_sync:
-        step, exposed, opt = compute + 2 * one_way + update, 2 * one_way, update
-        kind = "sync"
+    if not a_sync:  # one call per server: the step's push carries its pull
+        exchange = 2 * transfer + 2 * link.latency
+        step, exposed, opt = compute + exchange + update, exchange, update
+        kind, comm = "sync", exchange
     elif k <= 0:
         server_time = 2 * trainers * dense / servers / link.rate + update
         own = compute + 2 * (dense / trainer_rate + 2 * link.latency)
         step = max(own, server_time)
         exposed, opt, kind = step - compute, 0.0, "async"
+        comm = 2 * one_way
     else:
         step = compute + prof.optimizer_s + (2 * one_way + update) / k
         exposed, opt, kind = (2 * one_way + update) / k, prof.optimizer_s, f"geo k={k}"
+        comm = 2 * one_way
     return Prediction(
         devices=trainers,
         nodes=cluster.nodes,
@@ -54,7 +59,7 @@ def simulate_ps(profile: Profile, cluster: Cluster, strategy: Strategy):  # noqa
         compute_s=compute,
         exposed_comm_s=exposed,
         optimizer_s=opt,
-        comm_s=2 * one_way,
+        comm_s=comm,
         buckets=servers,
         bytes_sent=dense,
         algorithm=f"ps {kind}, {servers} server(s)",
