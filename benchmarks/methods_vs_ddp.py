@@ -40,6 +40,10 @@ METHODS: dict[str, dict[str, Any]] = {
     },
     "dgc 0.999": {"dgc": True, "dgc_configs": {"sparsity": [0.999], "min_numel": 1024}},
     "localsgd k=4": {"localsgd": True, "localsgd_configs": {"k_steps": 4, "begin_step": 1}},
+    # bucket plans, set explicitly (the default derives them from the topology)
+    "buckets 1 MB x 2": {"fuse_grad_size_in_MB": 1, "nccl_comm_num": 2},
+    "buckets 8 MB x 2": {"fuse_grad_size_in_MB": 8, "nccl_comm_num": 2},
+    "buckets 32 MB x 1": {"fuse_grad_size_in_MB": 32, "nccl_comm_num": 1},
 }
 
 
