@@ -194,13 +194,16 @@ class HookPusher:
         """Push the buckets no hook completed (unused parameters); return every started push."""
         now = time.perf_counter()
         with self._lock:
-            leads = [now - t if sent else 0.0 for t, sent in zip(self._ready_at, self._sent,
-                                                                 strict=True)]  # fmt: skip
+            leads = None  # measured only while tuning
+            if self._leads is not None:
+                leads = [now - t if sent else 0.0
+                         for t, sent in zip(self._ready_at, self._sent, strict=True)]  # fmt: skip
             for b, sent in enumerate(self._sent):
                 if not sent:
                     self._submit(b)
             started, twice = self._started, self._twice
-        self._tune(leads)
+        if leads is not None:
+            self._tune(leads)
         self.reset()
         if twice:
             raise RuntimeError(
@@ -213,7 +216,7 @@ class HookPusher:
     def _tune(self, leads: list[float]) -> None:
         """Record a step's bucket leads; after the tuning steps merge the short ones."""
         self._steps += 1
-        if self._leads is None or self._steps == 1:
+        if self._leads is None or self._steps == 1:  # step 0 is warm-up
             return
         self._leads.append(leads)
         if len(self._leads) < self.TUNE_STEPS:
