@@ -181,6 +181,82 @@ def _objects(rank: int, out: dict) -> None:
     )
 
 
+EMB_ROWS, EMB_DIM, EMB_STEPS, EMB_BATCH = 10, 3, 3, 8
+
+
+def _emb_data() -> tuple[torch.Tensor, torch.Tensor]:
+    """Per step: a global batch of row indices (with repeats) and per-element weights."""
+    g = torch.Generator().manual_seed(7)
+    idx = torch.randint(0, EMB_ROWS, (EMB_STEPS, EMB_BATCH), generator=g)
+    coef = torch.randn(EMB_STEPS, EMB_BATCH, EMB_DIM, generator=g)
+    return idx, coef
+
+
+def _emb_model() -> torch.nn.Embedding:
+    torch.manual_seed(3)
+    return torch.nn.Embedding(EMB_ROWS, EMB_DIM, sparse=True)
+
+
+def _emb_loss(emb: torch.nn.Embedding, idx: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    return (emb(idx) * coef).mean()
+
+
+def _sparse_adam(rank: int, world: int, passes: int) -> dict:
+    """nn.Embedding(sparse=True) + SparseAdam with sparse_as_dense=True; ``passes`` backward
+    passes per step, each on an equal share of the rank's half of the global batch."""
+    import longboat.horovod.torch as hvd
+
+    emb = _emb_model()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+        named_parameters=emb.named_parameters(),
+        sparse_as_dense=True,
+        backward_passes_per_step=passes,
+    )
+    idx, coef = _emb_data()
+    grads_sparse = []
+    for step in range(EMB_STEPS):
+        opt.zero_grad()
+        mine = shard(idx[step], rank, world), shard(coef[step], rank, world)
+        for m in range(passes):
+            part = [t.chunk(passes)[m] for t in mine]
+            (_emb_loss(emb, *part) / passes).backward()
+        opt.synchronize()
+        grads_sparse.append(emb.weight.grad.is_sparse)
+        with opt.skip_synchronize():
+            opt.step()
+    return {"weight": emb.weight.detach().clone(), "grads_sparse": grads_sparse}
+
+
+def _parameter_names(rank: int, out: dict) -> None:
+    """Horovod's ``_parameter_names``, generated and given, on a two-group optimizer."""
+    import longboat.horovod.torch as hvd
+
+    model = _small()
+    groups = [{"params": model[0].parameters()}, {"params": model[2].parameters()}]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
+    out["names_generated"] = {tuple(p.shape): n for p, n in opt._parameter_names.items()}
+    out["names_all"] = hvd.allgather_object(sorted(opt._parameter_names.values()))
+    model = _small()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    out["names_given"] = {
+        n: any(p is q for q in model.parameters()) for p, n in opt._parameter_names.items()
+    }
+
+
+def _guarded(out: dict, key: str, fn, *args) -> None:
+    """Run one scenario; record its error instead of failing every test of the module."""
+    try:
+        result = fn(*args)
+    except Exception as e:  # noqa: BLE001 - reported by the test that reads it
+        out[f"{key}.error"] = f"{type(e).__name__}: {e}"
+    else:
+        if result is not None:
+            out[key] = result
+
+
 def _all(rank: int, world: int) -> dict:
     import os
 
@@ -202,6 +278,9 @@ def _all(rank: int, world: int) -> dict:
         _errors(rank, out)
         _flush(rank, out)
     _objects(rank, out)
+    for passes in (1, 2):
+        _guarded(out, f"sparse_adam{passes}", _sparse_adam, rank, world, passes)
+    _guarded(out, "names", _parameter_names, rank, out)
     hvd.shutdown()
     return out
 
@@ -283,3 +362,45 @@ def test_broadcast_optimizer_state(ranks):
         torch.testing.assert_close(other["adam_state"][key], value)
     assert other["adam_lr"] == 0.01
     assert root["params_untouched"] and other["params_untouched"]
+
+
+def _sparse_adam_reference() -> torch.Tensor:
+    """Single-process SparseAdam on each step's global batch."""
+    emb = _emb_model()
+    opt = torch.optim.SparseAdam(list(emb.parameters()), lr=0.1)
+    idx, coef = _emb_data()
+    for step in range(EMB_STEPS):
+        opt.zero_grad()
+        _emb_loss(emb, idx[step], coef[step]).backward()
+        opt.step()
+    return emb.weight.detach()
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_sparse_as_dense_gives_sparse_adam_sparse_gradients(ranks, passes):
+    """sparse_as_dense reduces densely, then hands SparseAdam a sparse gradient again."""
+    expected = _sparse_adam_reference()
+    assert not torch.allclose(expected, _emb_model().weight.detach())  # it really trained
+    for out in ranks:
+        assert f"sparse_adam{passes}.error" not in out, out[f"sparse_adam{passes}.error"]
+        got = out[f"sparse_adam{passes}"]
+        assert got["grads_sparse"] == [True] * EMB_STEPS
+        torch.testing.assert_close(got["weight"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_parameter_names_as_horovod(ranks):
+    for out in ranks:
+        assert "names.error" not in out, out["names.error"]
+        assert out["names_generated"] == {
+            (3, 4): "allreduce.noname.0.0",
+            (3,): "allreduce.noname.0.1",
+            (2, 3): "allreduce.noname.1.0",
+            (2,): "allreduce.noname.1.1",
+        }
+        assert out["names_all"][0] == out["names_all"][1]
+        assert out["names_given"] == {
+            "0.weight": True,
+            "0.bias": True,
+            "2.weight": True,
+            "2.bias": True,
+        }

@@ -14,6 +14,11 @@ reduces the accumulated sum. ``step()`` (unless inside ``skip_synchronize()``) f
 Horovod does). ``gradient_predivide_factor`` is accepted: the core always divides by the world
 size before summing, the overflow-safe end of Horovod's range, with the same average.
 
+``sparse_as_dense=True``: a sparse gradient is densified for the allreduce and turned back
+into a sparse tensor (its own sparse dimensions) by ``synchronize()``, as Horovod does, so
+``torch.optim.SparseAdam`` still gets the sparse gradient it needs.
+``optimizer._parameter_names`` maps each parameter to its name, as in Horovod.
+
 ``optimizer.rebuild()`` moves the averaging to the current process group after an elastic
 membership change (``hvd.elastic.run`` calls it for every live DistributedOptimizer).
 """
@@ -79,12 +84,15 @@ class _DistributedOptimizer:
     _hvd_average: bool
     _hvd_process_set: ProcessSet
     _hvd_sparse: dict[str, tuple[torch.Tensor, Any]]  # sparse gradients in flight, by name
+    _hvd_densified: dict[str, tuple[torch.Tensor, int]]  # sparse_as_dense: param, sparse dims
+    _parameter_names: dict[torch.Tensor, str]  # Horovod's attribute: parameter -> name
     backward_passes_per_step: int
 
     def _hvd_hook(self, name: str, sparse_as_dense: bool, param: torch.Tensor) -> None:
         grad = param.grad
         if grad is not None and grad.is_sparse:
             if sparse_as_dense:
+                self._hvd_densified.setdefault(name, (param, grad.sparse_dim()))
                 param.grad = grad.to_dense()
             else:
                 self._hvd_sparse_grad(name, param, grad)
@@ -127,6 +135,10 @@ class _DistributedOptimizer:
         pending, self._hvd_sparse = self._hvd_sparse, {}
         for param, handle in pending.values():
             param.grad = synchronize(handle)
+        densified, self._hvd_densified = self._hvd_densified, {}
+        for param, sparse_dims in densified.values():  # back to sparse, as Horovod
+            if param.grad is not None and not param.grad.is_sparse:
+                param.grad = param.grad.to_sparse(sparse_dims)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -153,6 +165,7 @@ class _DistributedOptimizer:
         self._hvd_reducer, self._hvd_compressors = reducer, compressors
         self._hvd_divisor = float(world if self._hvd_average else 1)
         self._hvd_sparse = {}
+        self._hvd_densified = {}
         self._hvd_passes = 0
         self._hvd_in_pass = False
         self._hvd_synchronized = False
@@ -182,6 +195,7 @@ class _OutsideSet:
     reduced there (no hooks); ``step()`` is the wrapped optimizer's own."""
 
     backward_passes_per_step: int
+    _parameter_names: dict[torch.Tensor, str]  # Horovod's attribute: parameter -> name
 
     def synchronize(self) -> None:
         """Nothing to wait for outside the process set."""
@@ -222,6 +236,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
             _OutsideSet,
             "",
             backward_passes_per_step=int(backward_passes_per_step),
+            _parameter_names=_parameter_names(_all_named(optimizer, named_parameters)),
         )
     set_size(process_set)  # ValueError for a set that is not registered
     if isinstance(optimizer, _DistributedOptimizer):
@@ -246,7 +261,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups", DeprecationWarning, stacklevel=2)
         groups = groups or num_groups
-    named = _named(optimizer, named_parameters)
+    every_named = _all_named(optimizer, named_parameters)
+    named = _named(optimizer, every_named)
     strategy = _strategy(compression)
     plan = _explicit_plan(named, groups) if groups else None
     if plan is not None:  # Horovod's groups have always run without the one-in-flight chain
@@ -283,6 +299,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         _hvd_average=op == Average,
         _hvd_process_set=process_set,
         _hvd_sparse={},
+        _hvd_densified={},
+        _parameter_names=_parameter_names(every_named),
     )
     _live[:] = [ref for ref in _live if ref() is not None]
     _live.append(weakref.ref(extended))
@@ -300,33 +318,53 @@ def _on_grad(optimizer: Any, name: str, sparse_as_dense: bool, param: torch.Tens
     optimizer._hvd_hook(name, sparse_as_dense, param)
 
 
-def _named(
+def _all_named(
     optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, Any]] | None
+) -> list[tuple[str, Any]]:
+    """``named_parameters`` as a list, or Horovod's generated names
+    ``allreduce.noname.<group>.<index>`` for every parameter of every param group."""
+    if named_parameters is not None:
+        return list(named_parameters)
+    return [
+        (f"allreduce.noname.{i}.{j}", p)
+        for i, group in enumerate(optimizer.param_groups)
+        for j, p in enumerate(group["params"])
+    ]
+
+
+def _parameter_names(named: list[tuple[str, Any]]) -> dict[torch.Tensor, str]:
+    """Horovod's ``_parameter_names``: parameter -> name, in name order."""
+    if any(not isinstance(item, tuple) for item in named):
+        return {}  # refused by _named with Horovod's message
+    return {p: n for n, p in sorted(named, key=lambda item: item[0])}
+
+
+def _named(
+    optimizer: torch.optim.Optimizer, named: list[tuple[str, Any]]
 ) -> list[tuple[str, nn.Parameter]]:
-    """The optimizer's trainable parameters with their names, in model order; Horovod's errors."""
+    """The optimizer's trainable parameters with their names, in model order; Horovod's errors.
+
+    ``named``: from `_all_named` (generated names when the caller gave none).
+    """
     in_optimizer = [p for group in optimizer.param_groups for p in group["params"]]
-    if named_parameters is None:
-        named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(in_optimizer)]
-    else:
-        named = list(named_parameters)
-        if any(not isinstance(item, tuple) for item in named):
-            raise ValueError(
-                "named_parameters should be a sequence of tuples (name, parameter), usually "
-                "produced by model.named_parameters()."
-            )
-        seen: set[str] = set()
-        dups = sorted({n for n, _ in named if n in seen or seen.add(n)})  # type: ignore[func-returns-value]
-        if dups:
-            raise ValueError(
-                "Parameter names in named_parameters must be unique. Found duplicates: "
-                + ", ".join(dups)
-            )
-        unnamed = {id(p) for p in in_optimizer} - {id(p) for _, p in named}
-        if unnamed:
-            raise ValueError(
-                "named_parameters was specified, but one or more model parameters were not "
-                "named. Python object ids: " + ", ".join(map(str, sorted(unnamed)))
-            )
+    if any(not isinstance(item, tuple) for item in named):
+        raise ValueError(
+            "named_parameters should be a sequence of tuples (name, parameter), usually "
+            "produced by model.named_parameters()."
+        )
+    seen: set[str] = set()
+    dups = sorted({n for n, _ in named if n in seen or seen.add(n)})  # type: ignore[func-returns-value]
+    if dups:
+        raise ValueError(
+            "Parameter names in named_parameters must be unique. Found duplicates: "
+            + ", ".join(dups)
+        )
+    unnamed = {id(p) for p in in_optimizer} - {id(p) for _, p in named}
+    if unnamed:
+        raise ValueError(
+            "named_parameters was specified, but one or more model parameters were not "
+            "named. Python object ids: " + ", ".join(map(str, sorted(unnamed)))
+        )
     wanted = {id(p) for p in in_optimizer}
     chosen = [(n, p) for n, p in named if id(p) in wanted and p.requires_grad]
     if not chosen:
