@@ -13,6 +13,12 @@ allreduce remains on the critical path once backward ends.
 The final bucket carries one extra slot per parameter: 1 if this rank produced a gradient for
 it. After the allreduce every rank knows how many ranks used each parameter, at no extra
 communication: that is how unused parameters are detected (and named) on every rank.
+
+Nothing here blocks the host on a GPU: the hooks only launch kernels, the allreduces run on
+the communicators' streams and ``wait()`` makes the compute stream wait for them, the
+used-parameter marks are kept on the host and written to the device once per backward
+(`longboat.collective.usage`), and the AMP overflow check stays on the device until the
+optimizer step asks for it (one read per step). docs/collective.md draws the streams.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 from torch import nn
 
 from longboat.collective.buckets import BucketPlan, assign_communicators
+from longboat.collective.usage import PendingCounts, UsageMarks, read_counts, reads_block
 from longboat.comm.algorithms import AllreduceFn, Handle
 
 if TYPE_CHECKING:
@@ -91,7 +98,8 @@ class Reducer:
         self.world_size = world_size
         self.find_unused = find_unused_parameters
         self.check_finite = check_finite
-        self.last_finite = True  # AMP: were the last reduced gradients free of inf/NaN?
+        self._finite: torch.Tensor | None = None  # AMP: device flag, read by last_finite
+        self._finite_read: bool | None = None
         self._fns = list(allreduce_fns)
         # lossy compressors get the used-parameter flags sent apart, exactly, through these
         self._flag_fns = list(flag_fns) if flag_fns is not None else self._fns
@@ -108,6 +116,9 @@ class Reducer:
         self._flags, self._flags_handle_separate = self._make_flags(apart=flag_fns is not None)
         self._slots = [self._slot_view(i) for i in range(len(self.params))]
         self._ready = [False] * len(self.params)
+        self._marks = UsageMarks(len(self.params))
+        self._reads_block = reads_block(self._flags.device)
+        self._pending_counts: PendingCounts | None = None  # counts checked at the next step
         self._sync = True
         self._scale = 1.0 / world_size
         self._prepared = False
@@ -164,6 +175,7 @@ class Reducer:
 
     def prepare(self, sync: bool, divisor: float) -> None:
         """Called at forward: whether the coming backward communicates, and the divisor."""
+        self._check_pending_counts()
         self._sync = sync
         self._scale = 1.0 / divisor
         self._reset()
@@ -179,7 +191,7 @@ class Reducer:
 
     def _reset(self) -> None:
         self._ready = [False] * len(self.params)
-        self._flags.zero_()
+        self._marks.reset()
         for b in self._buckets:
             b.pending = len(b.members)
             b.handle = None
@@ -220,7 +232,7 @@ class Reducer:
                 slot.mul_(self._scale)  # .grad is already the slot: accumulated in place
             else:
                 torch.mul(grad, self._scale, out=slot)
-            self._flags[i] = 1.0
+            self._marks.mark(i)  # host bookkeeping: written to the device once, at launch
         self._ready[i] = True
         bucket = self._buckets[self._where[i][0]]
         bucket.pending -= 1
@@ -235,11 +247,14 @@ class Reducer:
             self._next += 1
 
     def _launch(self, bucket: _Bucket) -> None:
+        last = bucket.index == len(self._buckets) - 1
+        if last:  # buckets launch in order: every gradient of this backward is in by now
+            self._marks.write(self._flags)
         fn = self._fns[bucket.comm]
         bucket.handle = fn(bucket.buffer)
         if self.observer is not None:
             self.observer.launched(bucket.index, bucket.comm, bucket.buffer, bucket.handle)
-        if self._flags_handle_separate and bucket.index == len(self._buckets) - 1:
+        if self._flags_handle_separate and last:
             self._flags_handle = self._flag_fns[bucket.comm](self._flags)
 
     def flush(self) -> None:
@@ -276,20 +291,54 @@ class Reducer:
             if self._flags_handle is not None:
                 self._flags_handle.wait()
             if self.check_finite:  # a rank's inf/NaN is in every rank's sum: same answer everywhere
-                self.last_finite = all(
-                    bool(torch.isfinite(b.buffer[: b.numel]).all()) for b in self._buckets
-                )
-            if bool((self._flags == self.world_size).all()):
-                used_on = None  # the common case: every rank produced every gradient
-            else:
-                used_on = self._flags.round().to(torch.int64).tolist()
-                if not self.find_unused:
-                    self._raise_if_unused(used_on)
+                self._finite = torch.stack(
+                    [torch.isfinite(b.buffer[: b.numel]).all() for b in self._buckets]
+                ).all()
+                self._finite_read = None
+            used_on = self._usage()
             self._write_back(used_on)
         finally:
             self._prepared = False
             if self.observer is not None:
                 self.observer.synced()
+
+    @property
+    def last_finite(self) -> bool:
+        """AMP: were the last reduced gradients free of inf/NaN on every rank?
+
+        The check runs on the device at the end of backward; this read is the one host
+        synchronisation per step that float16 loss scaling needs (the skip decision).
+        """
+        if self._finite is None:
+            return True
+        if self._finite_read is None:
+            self._finite_read = bool(self._finite)
+        return self._finite_read
+
+    def _usage(self) -> list[int] | None:
+        """Ranks that used each parameter, or None when every rank used every parameter.
+
+        Read back (blocking) only where the answer changes what happens now: with
+        find_unused_parameters, on the CPU, or when this rank itself missed a gradient
+        (about to raise). Otherwise the counts are checked at the next step, unblocking.
+        """
+        if self.find_unused or not self._reads_block or not self._marks.all_used:
+            used_on = read_counts(self._flags)
+            if all(n == self.world_size for n in used_on):
+                return None
+            if not self.find_unused:
+                self._raise_if_unused(used_on)
+            return used_on
+        self._pending_counts = PendingCounts(self._flags)
+        return None
+
+    def _check_pending_counts(self) -> None:
+        """Raise if the previous backward's counts, now landed, show a rank missed a gradient."""
+        pending = self._pending_counts
+        if pending is None or not pending.ready():
+            return
+        self._pending_counts = None
+        self._raise_if_unused(pending.counts())
 
     def _raise_if_unused(self, used_on: list[int]) -> None:
         missing = [i for i, n in enumerate(used_on) if n < self.world_size]

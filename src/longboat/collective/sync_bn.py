@@ -69,17 +69,21 @@ class _SyncBatchNormFn(torch.autograd.Function):
         )
         with waiting(names[0], group):  # the stall inspector's name for this wait
             dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
-        count = float(stats[-1])
-        if count == 1:
-            raise ValueError(
-                f"SyncBatchNorm: expected more than 1 value per channel across all ranks when "
-                f"training, got 1 (local input shape "
-                f"{tuple(x.shape)}); use a larger batch or call .eval()"
-            )
+        # The global count stays on the device (no host stall per layer); it is read only
+        # when this rank's own count cannot rule out a degenerate batch.
+        count: torch.Tensor | float = stats[-1]
+        if local_count <= 1:
+            count = float(stats[-1])
+            if count == 1:
+                raise ValueError(
+                    f"SyncBatchNorm: expected more than 1 value per channel across all ranks "
+                    f"when training, got 1 (local input shape {tuple(x.shape)}); use a larger "
+                    "batch or call .eval()"
+                )
         mean = stats[:channels] / count
         var = (stats[channels : 2 * channels] / count - mean.square()).clamp_min_(0.0)
         invstd = torch.rsqrt(var + eps)
-        if running_mean is not None and running_var is not None and count > 0:
+        if running_mean is not None and running_var is not None and (local_count > 1 or count):
             unbiased = var * (count / (count - 1))
             running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
             running_var.mul_(1.0 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)

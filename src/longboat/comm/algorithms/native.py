@@ -11,7 +11,10 @@ from longboat.comm.algorithms import AllreduceFn, Done, Handle, register
 @register("native", topologies=("any",))
 def make_native(group: dist.ProcessGroup) -> AllreduceFn:
     """Asynchronous in-place SUM allreduce through the backend's own algorithm."""
-    single = dist.get_world_size(group) == 1
+    # One rank: nothing to exchange on Gloo. On NCCL the allreduce is still launched (a
+    # device-side no-op for an in-place single-rank sum) so that one GPU runs, and measures,
+    # the same stream hand-offs as N GPUs do.
+    single = dist.get_world_size(group) == 1 and dist.get_backend(group) != "nccl"
     options = dist.AllreduceOptions()
     options.reduceOp = dist.ReduceOp.SUM
 

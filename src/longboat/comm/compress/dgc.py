@@ -191,8 +191,10 @@ class DGC:
             top = torch.topk(v.abs(), kept(n, sparsity), sorted=False).indices
             values.append(v[top])
             indices.append(top + o)
-            v[top] = 0.0  # sent: the accumulation and the momentum restart there
-            state.u[o : o + n][top] = 0.0
+            # sent: the accumulation and the momentum restart there (a kernel: ``v[top] = 0.0``
+            # would copy a host scalar into device memory and stall the host)
+            v.index_fill_(0, top, 0.0)
+            state.u[o : o + n].index_fill_(0, top, 0.0)
         index = torch.cat(indices)
         pack = torch.cat([torch.cat(values), index.to(_INDEX_VIEW[flat.dtype]).view(flat.dtype)])
         gathered = [torch.empty_like(pack) for _ in range(self.world_size)]

@@ -260,7 +260,9 @@ class PowerSGD:
         for m, mat in zip(state.matrices, mats, strict=True):
             if m.q is None or not self.warm_start:
                 q = torch.randn(m.cols, m.rank, generator=self._generator, dtype=mat.dtype)
-                m.q = q.to(mat.device)
+                if mat.device.type == "cuda":  # from pinned memory: a copy that does not stall
+                    q = q.pin_memory()
+                m.q = q.to(mat.device, non_blocking=True)
         dense = [work[o : o + n] for o, n in state.dense]
         ps = [
             torch.matmul(mat, orthonormalise(m.q))

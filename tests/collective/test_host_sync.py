@@ -1,0 +1,138 @@
+"""A training step under lb.distribute never makes the host wait for the GPU.
+
+Proven on the CPU with `tests.collective._host_sync.HostSyncCounter` (CI has no GPU): the
+reducer runs its GPU policy (``reads_block`` forced on), and every operation that would block
+the host on a GPU is counted from forward to the end of ``optimizer.step()``. The default
+Strategy must cost none, at world size 1 and 2; float16 loss scaling and
+find_unused_parameters at most one per step. ``benchmarks/gpu_check.py`` checks the same on a
+real GPU under ``torch.cuda.set_sync_debug_mode``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tests._dist import run_ranks
+from tests.collective._host_sync import HostSyncCounter, device_tensors_of
+
+STEPS = 3
+BATCH, IN, OUT = 8, 12, 5
+
+# scenario -> (Strategy fields, largest number of host stalls allowed per step)
+SCENARIOS: dict[str, tuple[dict, int]] = {
+    "default": ({}, 0),
+    "three communicators, small buckets": (
+        {"nccl_comm_num": 3, "fuse_grad_size_in_MB": 0.001},
+        0,
+    ),
+    "gradient merge": ({"gradient_merge": True, "gradient_merge_configs": {"k_steps": 2}}, 0),
+    "fp16 allreduce": ({"fp16_allreduce": True}, 0),
+    "bf16 amp": ({"amp": True, "amp_configs": {"dtype": "bfloat16"}}, 0),
+    "fp16 amp (overflow decision)": ({"amp": True, "amp_configs": {"dtype": "float16"}}, 1),
+    "find_unused_parameters": ({"find_unused_parameters": True}, 1),
+    "sync batch norm": ({"sync_batch_norm": True}, 0),
+}
+
+
+class _Net(nn.Module):
+    def __init__(self, unused: bool = False):
+        super().__init__()
+        self.fc1 = nn.Linear(IN, 32)
+        self.bn = nn.BatchNorm1d(32)
+        self.fc2 = nn.Linear(32, 32)
+        self.head = nn.Linear(32, OUT)
+        self.spare = nn.Linear(32, OUT) if unused else None  # never takes part
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.fc2(torch.relu(self.bn(self.fc1(x))))))
+
+
+def _stalls_per_step(rank: int, world: int, names: list[str]) -> dict[str, list]:
+    import longboat as lb
+    import longboat.collective.reducer as reducer_module
+
+    reducer_module.reads_block = lambda device: True  # the policy tensors on a GPU get
+    lb.init()
+    results = {}
+    for name in names:
+        fields, _ = SCENARIOS[name]
+        torch.manual_seed(0)
+        net = _Net(unused=name == "find_unused_parameters")
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        model, optimizer = lb.distribute(net, optimizer, lb.Strategy(**fields))
+        k = int(fields.get("gradient_merge_configs", {}).get("k_steps", 1))
+        g = torch.Generator().manual_seed(rank)
+        batches = [
+            (torch.randn(BATCH, IN, generator=g), torch.randint(0, OUT, (BATCH,), generator=g))
+            for _ in range(k * (STEPS + 2))
+        ]
+
+        def step(x: torch.Tensor, y: torch.Tensor, model=model, optimizer=optimizer) -> None:
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+        for x, y in batches[: 2 * k]:  # warm-up: optimizer state and caches exist
+            step(x, y)
+        counter = HostSyncCounter(device_tensors_of(model.module, model.reducer))
+        with counter:
+            for x, y in batches[2 * k :]:
+                step(x, y)
+        results[name] = [len(batches) - 2 * k, [op for _, op in counter.events]]
+    return results
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_training_steps_stall_the_host_at_most_as_allowed(world):
+    names = list(SCENARIOS)
+    per_rank = run_ranks(_stalls_per_step, world, names, timeout=240)
+    for rank, results in enumerate(per_rank):
+        for name in names:
+            steps, events = results[name]
+            allowed = SCENARIOS[name][1]
+            assert len(events) <= allowed * steps, (
+                f"rank {rank}, {name}: {len(events)} host stalls in {steps} steps "
+                f"(allowed {allowed} per step): {events}"
+            )
+    default_steps, default_events = per_rank[0]["default"]
+    assert default_steps >= STEPS and default_events == []
+
+
+def test_counter_sees_a_python_scalar_written_into_a_device_tensor():
+    flags = torch.zeros(4)
+    with HostSyncCounter([flags]) as counter:
+        flags[1] = 1.0  # a pageable host-to-device copy on a GPU
+        flags.narrow(0, 2, 1).fill_(1.0)  # a kernel: fine
+        bool((flags == 1).all())  # a device read
+        flags.tolist()  # a device read
+        torch.empty(4).copy_(flags, non_blocking=True)  # asynchronous: fine
+    assert counter.counts() == {"copy": 1, "read": 2}
+
+
+def test_unused_parameter_found_on_another_rank_is_reported_at_the_next_step():
+    messages = run_ranks(_deferred_unused, 2, timeout=60)
+    for msg in messages:
+        assert "extra" in msg and "find_unused_parameters=True" in msg
+
+
+def _deferred_unused(rank: int, world: int) -> str:
+    """GPU policy: the rank that used everything learns of the other's miss one step later."""
+    import longboat as lb
+    import longboat.collective.reducer as reducer_module
+    from longboat.collective.reducer import UnusedParametersError
+    from tests.collective._workloads import Config, build_model, data
+
+    reducer_module.reads_block = lambda device: True
+    lb.init()
+    cfg = Config(unused="partial")  # the extra layer takes part on rank 0 only
+    model, _ = lb.distribute(build_model(cfg, seed=0), None, lb.Strategy())
+    x, y = data(cfg)
+    for step in range(3):
+        try:
+            F.cross_entropy(model(x[step], rank), y[step]).backward()
+        except UnusedParametersError as e:
+            return str(e)
+    raise AssertionError("no rank reported the unused parameter")
