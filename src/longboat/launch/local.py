@@ -24,6 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.launcher.api import LaunchConfig
 
+from longboat.launch import torch_compat
 from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
 from longboat.launch.exits import RankExit, stopped_ranks
 from longboat.launch.ports import free_port as _free_port
@@ -149,7 +150,7 @@ def _launch_with_free_port(
         port = _free_port()
         config = _launch_config(nproc, port, log_root, run_id, max_restarts, keep_logs)
         try:
-            return run_agent(config, entrypoint, args)
+            return run_agent(config, entrypoint, args, shutdown_grace_s=_SHUTDOWN_GRACE_S)
         except RendezvousConnectionError as exc:
             if attempt == _PORT_ATTEMPTS:
                 raise LaunchError(
@@ -168,7 +169,7 @@ def _launch_config(
     console prefixed by ``[rankN]:``; otherwise they go to the console untouched (progress bars
     keep their terminal) and ``log_root`` only receives the ranks' error files.
     """
-    return LaunchConfig(
+    return torch_compat.launch_config(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
@@ -182,7 +183,6 @@ def _launch_config(
         local_addr=_HOST,
         logs_specs=DefaultLogsSpecs(log_dir=log_root, tee=Std.ALL if keep_logs else Std.NONE),
         log_line_prefix_template="[rank${rank}]:",
-        shutdown_timeout=_SHUTDOWN_GRACE_S,
     )
 
 

@@ -19,7 +19,7 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 from torch.distributed.launcher.api import LaunchConfig
 
-from longboat.launch import options, rendezvous
+from longboat.launch import options, rendezvous, torch_compat
 from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
 from longboat.launch.banner import print_banner, print_job_servers_later
 from longboat.launch.elastic_agent import ElasticAgent, MembershipChange, elastic_directory
@@ -113,6 +113,7 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
                     sys.executable,
                     _bootstrap_args(spec),
                     on_restart,
+                    shutdown_grace_s=_SHUTDOWN_GRACE_S,
                     **_elastic_agent(spec, master, my_ip, console),
                 )
                 console.print(finished_line(spec, time.monotonic() - started), markup=False)
@@ -181,7 +182,8 @@ def _logs(spec: LaunchSpec) -> WorkerLogs:
 
 
 def _config(spec: LaunchSpec, master: str, run_id: str, logs: WorkerLogs) -> LaunchConfig:
-    return LaunchConfig(
+    """torch's launch settings for this node (the grace period goes to `run_agent`)."""
+    return torch_compat.launch_config(
         min_nodes=spec.min_nodes or spec.nnodes,
         max_nodes=spec.nnodes,
         nproc_per_node=spec.local_procs,
@@ -199,7 +201,6 @@ def _config(spec: LaunchSpec, master: str, run_id: str, logs: WorkerLogs) -> Lau
         start_method="spawn",
         logs_specs=logs,
         log_line_prefix_template="[rank ${rank}] ",
-        shutdown_timeout=_SHUTDOWN_GRACE_S,
     )
 
 

@@ -17,12 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed.elastic.rendezvous.registry as rdzv_registry
-from torch.distributed.elastic.agent.server.api import (
-    RunResult,
-    WorkerGroup,
-    WorkerSpec,
-    WorkerState,
-)
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.api import PContext
@@ -31,6 +26,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
+from longboat.launch import torch_compat
 from longboat.launch.exit_watch import ExitWatch
 from longboat.launch.exits import GroupFailure, RankExit, classify
 
@@ -64,13 +60,22 @@ def _report_from_torch(failures: dict[int, ProcessFailure]) -> GroupFailure:
 
 
 class WatchedAgent(LocalElasticAgent):
-    """LocalElasticAgent that notes how each attempt ended and calls ``on_restart``."""
+    """LocalElasticAgent that notes how each attempt ended and calls ``on_restart``.
+
+    ``shutdown_grace_s``: for a torch whose agent has no ``shutdown_timeout``, how long ranks
+    being stopped get between the death signal and SIGKILL (torch's default is 30 s).
+    """
 
     def __init__(
-        self, *args: Any, on_restart: Callable[[Restart], None] | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        on_restart: Callable[[Restart], None] | None = None,
+        shutdown_grace_s: float | None = None,
+        **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self._on_restart = on_restart
+        self._grace_s = shutdown_grace_s
         self._watch: ExitWatch | None = None
         self._torch_failures: dict[int, ProcessFailure] = {}
         self._failed_seen: float | None = None
@@ -81,7 +86,7 @@ class WatchedAgent(LocalElasticAgent):
         ids = super()._start_workers(worker_group)
         self._watch_workers(worker_group, ids)
         if self._pcontext is not None:
-            _before_close(self._pcontext, self._note_stopping)
+            _before_close(self._pcontext, self._note_stopping, self._grace_s)
         return ids
 
     def _note_stopping(self) -> None:
@@ -148,13 +153,18 @@ class WatchedAgent(LocalElasticAgent):
             self._watch = None
 
 
-def _before_close(pcontext: PContext, hook: Callable[[], None]) -> None:
+def _before_close(
+    pcontext: PContext, hook: Callable[[], None], grace_s: float | None = None
+) -> None:
     """Call ``hook`` before torch stops this context's processes: its poll stops the survivors
-    (``self.close()``) as soon as one worker fails, before the agent hears of it."""
+    (``self.close()``) as soon as one worker fails, before the agent hears of it. With
+    ``grace_s``, a close that names no timeout waits that long before SIGKILL."""
     close = pcontext.close
 
     def close_after_hook(*args: Any, **kwargs: Any) -> None:
         hook()
+        if grace_s is not None and len(args) < 2 and "timeout" not in kwargs:
+            kwargs["timeout"] = grace_s
         close(*args, **kwargs)
 
     pcontext.close = close_after_hook  # type: ignore[method-assign]
@@ -166,6 +176,7 @@ def run_agent(
     args: tuple[Any, ...] | list[Any] = (),
     on_restart: Callable[[Restart], None] | None = None,
     agent_class: type[WatchedAgent] | None = None,
+    shutdown_grace_s: int | None = None,
     **agent_kwargs: Any,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` under a `WatchedAgent` for ``config``; ``{rank: return value}``.
@@ -174,7 +185,8 @@ def run_agent(
     rendezvous closed unless a signal ended the run). Raises `GroupFailedError` when a worker
     failed and no restart was left. ``agent_class`` (a `WatchedAgent` subclass, built with
     ``agent_kwargs``) replaces it; an elastic agent that fails leaves the rendezvous open for
-    the nodes that go on.
+    the nodes that go on. ``shutdown_grace_s``: seconds between the death signal and SIGKILL
+    when the agent stops the ranks (None: torch's default).
     """
     params = RendezvousParameters(
         backend=config.rdzv_backend,
@@ -187,7 +199,8 @@ def run_agent(
     )
     master_addr, master_port = _static_master(params)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
-    spec = WorkerSpec(
+    spec = torch_compat.worker_spec(
+        config,
         role=config.role,
         local_world_size=config.nproc_per_node,
         entrypoint=entrypoint,
@@ -198,19 +211,14 @@ def run_agent(
         master_addr=master_addr,
         master_port=master_port,
         local_addr=config.local_addr,
-        event_log_handler=config.event_log_handler,
-        numa_options=config.numa_options,
-        duplicate_stdout_filters=config.duplicate_stdout_filters,
-        duplicate_stderr_filters=config.duplicate_stderr_filters,
-        virtual_local_rank=config.virtual_local_rank,
     )
     agent = (agent_class or WatchedAgent)(
         spec=spec,
         logs_specs=config.logs_specs,
         start_method=config.start_method,
         log_line_prefix_template=config.log_line_prefix_template,
-        shutdown_timeout=int(config.shutdown_timeout),
         on_restart=on_restart,
+        **shutdown_grace(shutdown_grace_s),
         **agent_kwargs,
     )
     close_rendezvous = agent_class is None  # elastic: only a finished job closes it
@@ -227,6 +235,16 @@ def run_agent(
         agent._close_watch()
         if close_rendezvous:
             spec.rdzv_handler.shutdown()
+
+
+def shutdown_grace(seconds: int | None) -> dict[str, Any]:
+    """The agent's keyword argument for a ``seconds`` grace period: torch's
+    ``shutdown_timeout`` where its agent takes one, else `WatchedAgent` applies it itself."""
+    if seconds is None:
+        return {}
+    if torch_compat.agent_accepts("shutdown_timeout"):
+        return {"shutdown_timeout": int(seconds)}
+    return {"shutdown_grace_s": seconds}
 
 
 def _static_master(params: RendezvousParameters) -> tuple[str | None, int | None]:
