@@ -39,7 +39,7 @@ def worker(out: str, model: str, fields_json: str) -> None:
 
     import longboat as lb
     from longboat.strategy.selection import comm_num, fuse_grad_size_mb, selected_algorithm
-    from longboat.tools.bench.train import MODELS, Config, _batches, _round
+    from longboat.tools.bench.train import MODELS, Config, System, _batches, _round
 
     lb.init()
     torch.set_num_threads(1)
@@ -52,8 +52,8 @@ def worker(out: str, model: str, fields_json: str) -> None:
     )
     config = Config(model, WARMUP, STEPS, ROUNDS, "memory", 0, fields)
     batches = _batches(spec, config, lb.rank())
-    _round(net, opt, batches, WARMUP)
-    rounds = [_round(net, opt, batches, STEPS)[0] for _ in range(ROUNDS)]
+    _round(System(net, opt), batches, WARMUP)
+    rounds = [_round(System(net, opt), batches, STEPS)[0] for _ in range(ROUNDS)]
     if lb.rank() == 0:
         result = {
             "rounds": rounds,

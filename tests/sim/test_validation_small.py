@@ -16,7 +16,7 @@ def _rank(model: str) -> float | None:
     import torch
 
     import longboat as lb
-    from longboat.tools.bench.train import _batches, _round
+    from longboat.tools.bench.train import System, _batches, _round
 
     lb.init()
     torch.set_num_threads(1)
@@ -24,8 +24,8 @@ def _rank(model: str) -> float | None:
     net = spec.build()
     net, opt = lb.distribute(net, torch.optim.SGD(net.parameters(), lr=0.01), lb.Strategy())
     batches = _batches(spec, Config(model, 2, 3, 3, "memory", 0, {}), lb.rank())
-    _round(net, opt, batches, 2)
-    rounds = [_round(net, opt, batches, 3)[0] for _ in range(3)]
+    _round(System(net, opt), batches, 2)
+    rounds = [_round(System(net, opt), batches, 3)[0] for _ in range(3)]
     return statistics.median(rounds) if lb.rank() == 0 else None
 
 

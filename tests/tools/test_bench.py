@@ -90,15 +90,33 @@ def test_summary_speedup_and_input_bound_flag() -> None:
     assert rows[("longboat", 2)]["longboat_over_ddp"] == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("name", ["resnet", "transformer", "resnet-tiny", "transformer-tiny"])
+@pytest.mark.parametrize(
+    "name", ["resnet", "transformer", "resnet-tiny", "transformer-tiny", "gpt2-tiny"]
+)
 def test_models_build_and_train_one_step(name: str) -> None:
     spec = train.MODELS[name]
     model = spec.build()
     g = torch.Generator().manual_seed(0)
     x, y = zip(*(spec.sample(g) for _ in range(2)), strict=True)
-    loss = torch.nn.functional.cross_entropy(model(torch.stack(x)), torch.stack(y))
-    loss.backward()
+    system = train.System(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    train.train_step(system, torch.stack(x), torch.stack(y))
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_gpu_sized_models_have_their_published_sizes() -> None:
+    with torch.device("meta"):  # no memory, no time: shapes only
+        resnet50 = train.MODELS["resnet50"].build()
+        gpt2 = train.MODELS["gpt2-small"].build()
+    assert sum(p.numel() for p in resnet50.parameters()) == 25_557_032  # torchvision's
+    n = sum(p.numel() for p in gpt2.parameters())
+    assert 123e6 < n < 165e6  # GPT-2 small: 124 M with a tied head, 163 M untied
+
+
+def test_cuda_without_gpus_is_refused_before_any_rank() -> None:
+    out = _longboat("train", "--model", "mlp-tiny", "--device", "cuda", "--nproc", "1")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert out.returncode == 2 and "0 GPU(s) seen" in out.stdout
 
 
 def test_bad_model_is_named() -> None:

@@ -9,6 +9,11 @@ and the longboat/DDP step-time ratio (median of adjacent round pairs). With ``--
 batches come from a DataLoader over a synthetic dataset and the time spent waiting for them is
 measured: a run that waits for input for more than `INPUT_BOUND_FRACTION` of its step is flagged
 input-bound (more ranks will not make it faster; add loader workers).
+
+``--device cuda`` runs one rank per GPU over NCCL (``resnet50`` and ``gpt2-small`` are sized
+like ResNet-50 and GPT-2 small, with no torchvision needed); with ``--set amp=true`` the DDP and
+no-sync baselines run under the same ``torch.autocast`` (and a GradScaler for float16), so every
+system does the same arithmetic. The no-sync row is the plain training loop.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from torch.nn import functional as F
 from longboat.tools.progress import progress
 
 INPUT_BOUND_FRACTION = 0.1
+CPU = torch.device("cpu")
 NO_SYNC = "no sync"  # the same model stepped with no gradient exchange: the compute floor
 
 
@@ -85,6 +91,71 @@ class TinyTransformer(nn.Module):
         return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
 
 
+class _Bottleneck(nn.Module):
+    """ResNet bottleneck block (1x1, 3x3, 1x1 convolutions, expansion 4)."""
+
+    def __init__(self, cin: int, width: int, stride: int):
+        super().__init__()
+        cout = 4 * width
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, width, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
+        self.short = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.body(x) + self.short(x))
+
+
+def resnet50(classes: int = 1000) -> nn.Module:
+    """ResNet-50's layout (3-4-6-3 bottlenecks, 25.6 M parameters) for 3x224x224 inputs."""
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1),
+    ]
+    cin = 64
+    for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+        for block in range(blocks):
+            layers.append(_Bottleneck(cin, width, 2 if stage and not block else 1))
+            cin = 4 * width
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
+
+
+class CausalLM(nn.Module):
+    """A GPT-style decoder: token and position embeddings, pre-norm causal blocks, LM head."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, seq: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(seq, dim)
+        layer = nn.TransformerEncoderLayer(
+            dim, dim // 64, 4 * dim, dropout=0.0, activation="gelu", batch_first=True,
+            norm_first=True,
+        )  # fmt: skip
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        seq = tokens.shape[1]
+        h = self.embed(tokens) + self.position.weight[:seq]
+        h = self.blocks(h, mask=self.mask[:seq, :seq], is_causal=True)
+        return self.head(self.norm(h))  # (batch, seq, vocab): next-token logits
+
+
 def mlp(widths: Sequence[int]) -> nn.Module:
     layers: list[nn.Module] = []
     for a, b in zip(widths, widths[1:], strict=False):
@@ -119,7 +190,7 @@ class ModelSpec:
 
     name: str
     batch: int
-    kind: str  # "vector", "image" or "tokens"
+    kind: str  # "vector", "image", "imagenet", "tokens" or "lm"
     arg: Any
 
     def build(self) -> nn.Module:
@@ -130,17 +201,24 @@ class ModelSpec:
             return convnet()
         if self.kind == "image":
             return resnet(self.arg)
-        vocab, dim, layers, _ = self.arg
+        if self.kind == "imagenet":
+            return resnet50()
+        vocab, dim, layers, seq = self.arg
+        if self.kind == "lm":
+            return CausalLM(vocab, dim, layers, seq)
         return TinyTransformer(vocab, dim, layers)
 
     def sample(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kind == "vector":
             x = torch.randn(self.arg[0], generator=generator)
-        elif self.kind == "image":
-            x = torch.randn(3, 32, 32, generator=generator)
+        elif self.kind in ("image", "imagenet"):
+            size = 224 if self.kind == "imagenet" else 32
+            x = torch.randn(3, size, size, generator=generator)
         else:
             vocab, _, _, seq = self.arg
             x = torch.randint(0, vocab, (seq,), generator=generator)
+            if self.kind == "lm":  # next-token targets
+                return x, torch.randint(0, vocab, (seq,), generator=generator)
         return x, torch.randint(0, 10, (), generator=generator)
 
 
@@ -150,10 +228,15 @@ MODELS: dict[str, ModelSpec] = {
     "convnet": ModelSpec("convnet", 32, "image", None),
     "resnet": ModelSpec("resnet", 32, "image", 16),
     "transformer": ModelSpec("transformer", 16, "tokens", (1000, 128, 2, 64)),
+    # GPU-sized: ResNet-50 (25.6 M parameters) and GPT-2 small (124 M, 163 M with its LM head
+    # untied)
+    "resnet50": ModelSpec("resnet50", 128, "imagenet", None),
+    "gpt2-small": ModelSpec("gpt2-small", 8, "lm", (50257, 768, 12, 1024)),
     # tiny variants: end-to-end tests and quick checks
     "mlp-tiny": ModelSpec("mlp-tiny", 8, "vector", (16, 32, 10)),
     "resnet-tiny": ModelSpec("resnet-tiny", 4, "image", 4),
     "transformer-tiny": ModelSpec("transformer-tiny", 4, "tokens", (50, 16, 1, 8)),
+    "gpt2-tiny": ModelSpec("gpt2-tiny", 2, "lm", (64, 64, 1, 16)),
 }
 
 
@@ -182,43 +265,114 @@ class Config:
     data: str  # "memory" or "loader"
     workers: int
     strategy: dict[str, Any]
+    device: str = "cpu"  # "cpu" or "cuda" (one GPU per rank)
 
 
-def _batches(spec: ModelSpec, config: Config, rank: int) -> Iterator[tuple[torch.Tensor, ...]]:
+def _batches(
+    spec: ModelSpec, config: Config, rank: int, device: torch.device = CPU
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    layout = _layout(spec, device)
     if config.data == "memory":
         x, y = zip(
             *(spec.sample(torch.Generator().manual_seed(i)) for i in range(spec.batch)), strict=True
         )  # noqa: E501
-        batch = (torch.stack(x), torch.stack(y))
+        batch = (torch.stack(x).to(device, memory_format=layout), torch.stack(y).to(device))
         while True:
             yield batch
     total = spec.batch * (config.warmup + config.steps * config.rounds + 1)
     loader = torch.utils.data.DataLoader(
-        SyntheticDataset(spec, total, seed=rank), batch_size=spec.batch, num_workers=config.workers
+        SyntheticDataset(spec, total, seed=rank),
+        batch_size=spec.batch,
+        num_workers=config.workers,
+        pin_memory=device.type == "cuda",
     )
     while True:
-        yield from loader
+        for x, y in loader:
+            yield (
+                x.to(device, non_blocking=True, memory_format=layout),
+                y.to(device, non_blocking=True),
+            )
+
+
+def _layout(spec: ModelSpec, device: torch.device) -> torch.memory_format:
+    """channels_last for convolutions on a GPU (what cuDNN runs fastest), else as is."""
+    if device.type == "cuda" and spec.kind in ("image", "imagenet"):
+        return torch.channels_last
+    return torch.preserve_format
+
+
+@dataclass
+class System:
+    """One contender: a model, its optimizer and how its steps run (autocast, scaler)."""
+
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    autocast: torch.dtype | None = None  # applied here; longboat's AMP applies its own
+    scaler: Any = None  # torch.amp.GradScaler for float16 baselines
+
+
+def _settle(device: torch.device) -> None:
+    """Every rank at the same point, with no device work queued (honest wall-clock edges)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_step(system: System, x: torch.Tensor, y: torch.Tensor) -> None:
+    """zero_grad, forward, loss, backward, step: the loop every system runs."""
+    system.opt.zero_grad()
+    with torch.autocast(x.device.type, system.autocast, enabled=system.autocast is not None):
+        out = system.model(x)
+        loss = F.cross_entropy(out.flatten(0, -2), y.flatten())
+    if system.scaler is None:
+        loss.backward()
+        system.opt.step()
+        return
+    system.scaler.scale(loss).backward()
+    system.scaler.step(system.opt)
+    system.scaler.update()
 
 
 def _round(
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
+    system: System,
     batches: Iterator[tuple[torch.Tensor, ...]],
     steps: int,
+    device: torch.device = CPU,
 ) -> tuple[float, float]:
     """(seconds per step, seconds per step waiting for input) over ``steps`` steps."""
-    dist.barrier()
+    _settle(device)
     waited = 0.0
     start = time.perf_counter()
     for _ in range(steps):
         t = time.perf_counter()
         x, y = next(batches)
         waited += time.perf_counter() - t
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    dist.barrier()
+        train_step(system, x, y)
+    _settle(device)
     return (time.perf_counter() - start) / steps, waited / steps
+
+
+def _amp_dtype(strategy: dict[str, Any]) -> torch.dtype | None:
+    """The autocast dtype longboat's side runs under, for the baselines to match."""
+    if not strategy.get("amp"):
+        return None
+    dtype = dict(strategy.get("amp_configs") or {}).get("dtype", "float16")
+    return torch.bfloat16 if dtype == "bfloat16" else torch.float16
+
+
+def _device(config: Config) -> torch.device:
+    if config.device == "cpu":
+        return torch.device("cpu")
+    import longboat as lb
+
+    return torch.device("cuda", lb.local_rank())
+
+
+def _build(spec: ModelSpec, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = spec.build().to(device, memory_format=_layout(spec, device))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
 def rank_main(config: Config) -> dict[str, Any] | None:
@@ -228,36 +382,44 @@ def rank_main(config: Config) -> dict[str, Any] | None:
     lb.init()
     torch.set_num_threads(1)
     spec = MODELS[config.model]
-    systems: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
-    ours = spec.build()
-    systems["longboat"] = lb.distribute(
-        ours,
-        torch.optim.SGD(ours.parameters(), lr=0.01, momentum=0.9),
-        lb.Strategy(**config.strategy),
-    )  # type: ignore[assignment]
-    theirs = spec.build()
-    systems["ddp"] = (
-        nn.parallel.DistributedDataParallel(theirs),
-        torch.optim.SGD(theirs.parameters(), lr=0.01, momentum=0.9),
-    )
+    device = _device(config)
+    amp = _amp_dtype(config.strategy)
+    scaled = amp == torch.float16
+
+    def baseline(model: nn.Module, opt: torch.optim.Optimizer) -> System:
+        scaler = torch.amp.GradScaler(device.type) if scaled else None
+        return System(model, opt, amp, scaler)
+
+    systems: dict[str, System] = {}
+    ours, opt = _build(spec, device)
+    model, opt = lb.distribute(ours, opt, lb.Strategy(**config.strategy))
+    systems["longboat"] = System(model, opt)  # type: ignore[arg-type]
+    theirs, opt = _build(spec, device)
+    ids = [device.index] if device.type == "cuda" else None
+    systems["ddp"] = baseline(nn.parallel.DistributedDataParallel(theirs, device_ids=ids), opt)
     # the compute floor: the same steps with no gradient exchange, which no allreduce beats
-    alone = spec.build()
-    systems[NO_SYNC] = (alone, torch.optim.SGD(alone.parameters(), lr=0.01, momentum=0.9))
-    batches = {name: _batches(spec, config, lb.rank()) for name in systems}
-    for name, (model, opt) in systems.items():
+    systems[NO_SYNC] = baseline(*_build(spec, device))
+    batches = {name: _batches(spec, config, lb.rank(), device) for name in systems}
+    for name, system in systems.items():
         if config.warmup:
-            _round(model, opt, batches[name], config.warmup)  # discarded
+            _round(system, batches[name], config.warmup, device)  # discarded
     out: dict[str, Any] = {name: {"step_s": [], "data_s": []} for name in systems}
     order = list(systems)
     for r in range(config.rounds):
         for name in order if r % 2 == 0 else reversed(order):
-            step, data = _round(*systems[name], batches[name], config.steps)
+            step, data = _round(systems[name], batches[name], config.steps, device)
             out[name]["step_s"].append(step)
             out[name]["data_s"].append(data)
     if lb.rank() != 0:
         return None
     params = sum(p.numel() for p in ours.parameters())
-    return {"params": params, "batch_per_rank": spec.batch, "world_size": lb.world_size(), **out}
+    return {
+        "params": params,
+        "batch_per_rank": spec.batch,
+        "world_size": lb.world_size(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        **out,
+    }
 
 
 # ---- the matrix of rank counts, and reporting ------------------------------------------------------
@@ -302,6 +464,7 @@ def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
                     "longboat_over_ddp_p25_p75": [q1, q3],
                     "no_sync_over_ddp": floor,
                     "params": r["params"],
+                    "device": r.get("device", "cpu"),
                     "batch_per_rank": r["batch_per_rank"],
                     "rounds": len(r[system]["step_s"]),
                 }
@@ -318,7 +481,7 @@ def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"bench train: {model} ({rows[0]['params'] / 1e6:.2f} M params, batch {rows[0]['batch_per_rank']}/rank)"
+        title=f"bench train: {model} ({rows[0]['params'] / 1e6:.2f} M params, batch {rows[0]['batch_per_rank']}/rank, {rows[0].get('device', 'cpu')})"
     )  # noqa: E501
     for column in (
         "system",
@@ -397,9 +560,10 @@ def run_model(
         return summarise({int(os.environ["WORLD_SIZE"]): result}) if result else []
     from longboat.launch.local import launch_local
 
+    env = {"LONGBOAT_BACKEND": "nccl"} if config.device == "cuda" else None
     raw = {}
     for n in nprocs:
-        raw[n] = launch_local(rank_main, (config,), nproc=n, timeout=3600)[0]
+        raw[n] = launch_local(rank_main, (config,), nproc=n, env=env, timeout=3600)[0]
         if done is not None:
             done(last=f"{config.model} x{n}")
     return summarise(raw)
@@ -428,6 +592,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="input from one tensor in memory, or a DataLoader over synthetic samples",
     )
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers with --data loader")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu (Gloo) or cuda (one GPU per rank, NCCL; --nproc at most the GPUs seen)",
+    )
     p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     p.add_argument("--png", default=None, metavar="FILE", help="also plot samples/s vs ranks")
     p.add_argument("--markdown", action="store_true", help="print Markdown tables")
@@ -459,13 +629,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"longboat bench train: unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
         return 2
     nprocs = sorted({int(n) for n in args.nproc.split(",")})
+    if args.device == "cuda":
+        gpus = torch.cuda.device_count()
+        if gpus == 0 or max(nprocs) > gpus:
+            print(
+                f"longboat bench train: --device cuda runs one rank per GPU; {gpus} GPU(s) "
+                f"seen, --nproc asks for up to {max(nprocs)}"
+            )
+            return 2
     fields = strategy_fields(args.strategy, args.set)
     results: dict[str, list[dict[str, Any]]] = {}
     runs = len(models) * len(nprocs)
     with progress("bench train", runs, "RANK" not in os.environ, last="-") as done:
         for model in models:
             config = Config(
-                model, args.warmup, args.steps, args.rounds, args.data, args.workers, fields
+                model,
+                args.warmup,
+                args.steps,
+                args.rounds,
+                args.data,
+                args.workers,
+                fields,
+                args.device,
             )
             rows = run_model(config, nprocs, done)
             if rows:  # none on a non-zero rank under a launcher
