@@ -180,6 +180,94 @@ def test_allreduce_grads_and_update_are_for_local_updates_only_and_stale_grads_r
         trainer.update(1)
 
 
+def _two_trainers(first_mode: bool | None, second_mode: bool, kind: str = "dist_sync"):
+    """A body: on a store with 2-bit compression, a Trainer (``first_mode``; None: none)
+    trains 2 steps, then a second Trainer for another model (momentum SGD) is made on the same
+    store and trains 2 steps. Returns the second model's weight after construction and after
+    training."""
+
+    def body(kv):
+        kv.set_gradient_compression({"type": "2bit", "threshold": 0.05})
+        if first_mode is not None:
+            first = torch.nn.Linear(3, 1, bias=False)
+            opt = torch.optim.SGD(first.parameters(), lr=0.3, momentum=0.9)
+            trainer = kvstore.Trainer(first.parameters(), opt, kv, first_mode)
+            for size in (4, 4):
+                trainer.zero_grad()
+                x, y = _batches(kv.rank + 5)
+                ((first(x).squeeze(1) - y) ** 2).sum().backward()
+                trainer.step(size)
+        model = torch.nn.Linear(3, 1, bias=False)
+        with torch.no_grad():
+            model.weight.copy_(torch.tensor([[0.5, -1.0, 2.0]]) * (kv.rank + 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        trainer = kvstore.Trainer(model.parameters(), opt, kv, second_mode)
+        start = model.weight.detach().clone()
+        if kind == "dist_async":
+            return start, None
+        x, y = _batches(kv.rank)
+        for size in (5, 8):
+            trainer.zero_grad()
+            ((model(x).squeeze(1) - y) ** 2).sum().backward()
+            trainer.step(size)
+        return start, model.weight.detach().clone()
+
+    return body
+
+
+@pytest.mark.parametrize(
+    ("first_mode", "second_mode"), [(True, True), (False, False), (True, False), (False, True)]
+)
+def test_a_second_trainer_on_a_dist_store_starts_as_on_a_fresh_store(first_mode, second_mode):
+    """gluon keys every Trainer's parameters 0..n-1: MXNet's dist store accepts their init
+    again. The second Trainer gets its worker 0's values and fresh optimizer state, whatever
+    the first left on the store (weights, summed gradients, an optimizer, residuals)."""
+    fresh = _on_workers("dist_sync", _two_trainers(None, second_mode))
+    again = _on_workers("dist_sync", _two_trainers(first_mode, second_mode))
+    worker0_start = torch.tensor([[0.5, -1.0, 2.0]])
+    for (start, trained), (fresh_start, fresh_trained) in zip(again, fresh, strict=True):
+        assert torch.equal(start, worker0_start) and torch.equal(fresh_start, worker0_start)
+        torch.testing.assert_close(trained, fresh_trained, rtol=1e-6, atol=1e-7)
+
+
+def test_a_second_trainer_on_a_dist_async_store_gets_worker_0s_values():
+    for start, _ in _on_workers("dist_async", _two_trainers(True, True, "dist_async")):
+        assert torch.equal(start, torch.tensor([[0.5, -1.0, 2.0]]))
+
+
+def test_dist_stores_accept_int_keys_again_keeping_the_value_and_refuse_str_keys():
+    """MXNet's dist store has no duplicate check for int keys (its local store and string keys
+    have one); the stored value stays and every worker still meets at the barrier."""
+
+    def ints(kv):
+        kv.init(0, torch.zeros(2))
+        kv.push(0, torch.ones(2))
+        kv.init([0, 1], [torch.full((2,), 9.0), torch.full((3,), kv.rank + 4.0)])
+        with pytest.raises(kvstore.InvalidArgumentError) as bad_shape:
+            kv.init(0, torch.zeros(3))
+        with pytest.raises(kvstore.MXNetError, match="duplicate init of key 1"):
+            kv.init([1, 1], [torch.zeros(3), torch.zeros(3)])
+        return kv.pull(0), kv.pull(1), str(bad_shape.value)
+
+    def strs(kv):
+        kv.init("w", torch.zeros(2))
+        with pytest.raises(kvstore.InvalidArgumentError, match="duplicate init of key 'w'"):
+            kv.init("w", torch.ones(2))
+        return kv.pull("w")
+
+    for zero, one, bad_shape in _on_workers("dist_sync", ints):
+        assert torch.equal(zero, torch.full((2,), 2.0))  # the pushes' sum, not 9
+        assert torch.equal(one, torch.full((3,), 4.0))  # a new key: worker 0's value
+        assert bad_shape == "init 0: the value has shape (3,), the key holds (2,)"
+    for w in _on_workers("dist_sync", strs):
+        assert torch.equal(w, torch.zeros(2))
+    local = kvstore.create("local")
+    model = torch.nn.Linear(2, 1)
+    kvstore.Trainer(model.parameters(), torch.optim.SGD(model.parameters(), lr=0.1), local)
+    with pytest.raises(kvstore.InvalidArgumentError, match="duplicate init of key 0"):
+        kvstore.Trainer(model.parameters(), torch.optim.SGD(model.parameters(), lr=0.1), local)
+
+
 # ---- 2-bit gradient compression ---------------------------------------------------------------
 T = 0.5
 PUSHES = {  # worker: its two gradients
@@ -282,6 +370,40 @@ def test_row_sparse_pull_returns_sorted_unique_rows_for_each_output():
     assert torch.equal(skipped.to_dense(), value)
     with pytest.raises(ValueError, match="row id 6"):
         kv.row_sparse_pull("emb", out=skipped, row_ids=torch.tensor([6]))
+
+
+def test_refused_row_sparse_pulls_raise_invalid_argument_error_saying_what_was_wrong():
+    kv = kvstore.create("local")
+    kv.init(["emb", "w"], [torch.ones(6, 2), torch.ones(3, 2)])
+    rows = kvstore.RowSparse.zeros((6, 2))
+    ids = torch.tensor([1, 4])
+    refusals = {
+        "out must be a RowSparse (MXNet's row_sparse storage), got Tensor": lambda: (
+            kv.row_sparse_pull("emb", out=torch.zeros(6, 2), row_ids=ids)
+        ),
+        "row_ids must be integers, got dtype float32": lambda: kv.row_sparse_pull(
+            "emb", out=rows, row_ids=torch.tensor([1.0, 4.5])
+        ),
+        "needs a list of outputs, one per key; got one RowSparse": lambda: kv.row_sparse_pull(
+            ["emb", "w"], out=rows, row_ids=[ids, ids]
+        ),
+        "row_sparse_pull of 2 keys needs a list of row_ids, one per key": lambda: (
+            kv.row_sparse_pull(
+                ["emb", "w"],
+                out=[rows, kvstore.RowSparse.zeros((3, 2))],
+                row_ids=torch.tensor([0, 1]),
+            )  # fmt: skip
+        ),
+        "row_sparse_pull: 2 keys but 1 outputs": lambda: kv.row_sparse_pull(
+            ["emb", "w"], out=[rows], row_ids=[ids, ids]
+        ),
+    }
+    for message, call in refusals.items():
+        with pytest.raises(kvstore.InvalidArgumentError) as info:
+            call()
+        assert message in str(info.value)
+        assert isinstance(info.value, kvstore.MXNetError) and isinstance(info.value, ValueError)
+    assert len(rows.indices) == 0  # nothing was filled by a refused call
 
 
 def test_row_sparse_pushes_sum_per_row_across_workers():

@@ -76,15 +76,29 @@ class KVStore:
     def init(self, key: Key | Sequence[Key], value: Value | Sequence[Value]) -> None:
         """Create each key with its value. Distributed: worker 0's values are stored, then all
         workers meet at a barrier (as MXNet does), so every key exists when ``init`` returns.
-        A key can be ``init``-ed once (MXNet: "duplicate init of key")."""
+
+        A key listed twice in one call, or ``init``-ed again, is refused (MXNet: "duplicate
+        init of key"), except an int key of a dist store: MXNet's dist store accepts that (a
+        second gluon ``Trainer`` on the same store does it), and here it keeps the stored value
+        (the shape must match). Nothing is sent when a key is refused."""
         pairs = self._pairs("init", key, value)
-        for k, _ in pairs:
-            if str(k) in self._keys or [p[0] for p in pairs].count(k) > 1:
+        listed = [k for k, _ in pairs]
+        for k in listed:
+            again = str(k) in self._keys and not (self._kind.dist and isinstance(k, int))
+            if again or listed.count(k) > 1:
                 raise InvalidArgumentError(f"duplicate init of key {k!r}")
-        for k, parts in pairs:
-            dense = [p.to_dense() if isinstance(p, RowSparse) else p for p in parts]
-            v = self._merge("init", k, dense)
+        values = [
+            (k, self._merge("init", k, [p.to_dense() if isinstance(p, RowSparse) else p
+                                        for p in parts]))
+            for k, parts in pairs
+        ]  # fmt: skip
+        for k, v in values:
+            if str(k) in self._keys:
+                self._check_shape("init", k, v.shape, self._shapes[str(k)])
+        for k, v in values:
             name = str(k)
+            if name in self._keys:
+                continue  # a dist int key inited again: the stored value stays
             self._keys[name], self._shapes[name] = k, v.shape
             self._kv.init(name, v, send_value=self._rank == 0)
         if self._kind.dist:
@@ -158,6 +172,11 @@ class KVStore:
             raise InvalidArgumentError("row_sparse_pull needs out= and row_ids=")
         keys, outs = self._outputs("row_sparse_pull", key, out)
         single = isinstance(key, int | str)
+        if not single and isinstance(row_ids, torch.Tensor):
+            raise InvalidArgumentError(
+                f"row_sparse_pull of {len(keys)} keys needs a list of row_ids, one per key; "
+                "got one tensor"
+            )
         ids_per_key = [row_ids] if single else list(row_ids)  # type: ignore[arg-type]
         if len(ids_per_key) != len(keys):
             raise InvalidArgumentError(
@@ -198,10 +217,13 @@ class KVStore:
         fills = []
         for target, rows in zip(targets, per_target, strict=True):
             if not isinstance(target, RowSparse):
-                raise TypeError(f"row_sparse_pull {key!r}: out must be RowSparse")
+                raise InvalidArgumentError(
+                    f"row_sparse_pull {key!r}: out must be a RowSparse (MXNet's row_sparse "
+                    f"storage), got {_kind_name(target)}; use pull for a dense output"
+                )
             shape = self._shapes[name]
             self._check_shape("row_sparse_pull", key, torch.Size(target.shape), shape)
-            unique = torch.unique(torch.as_tensor(rows, dtype=torch.int64).reshape(-1).cpu())
+            unique = torch.unique(_row_ids(key, rows))
             check_rows(unique, shape[0], f"row_sparse_pull {key!r}")
             fills.append((key, target, unique))
         return fills
@@ -237,6 +259,33 @@ class KVStore:
             self._kv.reconfigure()
         if self._kind.dist:
             self._kv.barrier()
+
+    def _holds(self, key: Key) -> bool:
+        """Whether ``key`` was ``init``-ed on this store."""
+        return str(key) in self._keys
+
+    def _assign(self, keys: Sequence[Key], values: Sequence[torch.Tensor]) -> None:
+        """Dist: overwrite existing ``keys`` with worker 0's ``values``, as if they were new
+        (a gluon ``Trainer`` made again on this store). Every worker calls it. An optimizer set
+        on the store is dropped first (pushes assign again; ``set_optimizer`` after this starts
+        fresh state); sync: worker 0 pushes its values and the others zeros (the servers sum
+        them), async: worker 0 alone pushes; then a barrier. No compression, no rescale."""
+        batch: dict[str, torch.Tensor] = {}
+        for k, v in zip(keys, values, strict=True):
+            name = self._known(k)
+            self._check_shape("init", k, v.shape, self._shapes[name])
+            batch[name] = v.detach().cpu() if self._rank == 0 else torch.zeros_like(v, device="cpu")
+            if self._compress is not None:
+                self._compress.residuals.pop(name, None)  # a fresh key has no residual
+        if self._optimizer is not None:
+            self._optimizer = None
+            self._kv.set_optimizer(None)
+            if self._rank == 0:
+                self._kv.reconfigure()
+            self._kv.barrier()
+        if self._kind.sync or self._rank == 0:
+            self._kv.push_many(batch)
+        self._kv.barrier()
 
     def _set_rescale_grad(self, rescale_grad: float) -> None:
         """The optimizer's gradient scale (applied on this worker, so it may change per step)."""
@@ -350,7 +399,7 @@ class KVStore:
 
     def _check_shape(self, what: str, key: Key, got: torch.Size, want: torch.Size) -> None:
         if tuple(got) != tuple(want):
-            noun = "out has" if what != "push" else "the value has"
+            noun = "the value has" if what in ("push", "init") else "out has"
             raise InvalidArgumentError(
                 f"{what} {key!r}: {noun} shape {tuple(got)}, the key holds {tuple(want)}"
             )
@@ -414,17 +463,43 @@ class KVStore:
         if single or out is None:
             outs: list[Any] = [out] * len(keys)
         elif isinstance(out, torch.Tensor | RowSparse):
-            raise TypeError(f"{what} of a list of keys needs a list of outputs, one per key")
+            raise InvalidArgumentError(
+                f"{what} of a list of keys needs a list of outputs, one per key; got one "
+                f"{_kind_name(out)}"
+            )
         else:
             outs = list(out)
         if len(outs) != len(keys):
-            raise ValueError(f"{what}: {len(keys)} keys but {len(outs)} outputs")
+            raise InvalidArgumentError(f"{what}: {len(keys)} keys but {len(outs)} outputs")
         return keys, outs  # type: ignore[return-value]
 
     @staticmethod
     def _check_same_type(keys: Sequence[Any]) -> None:
         if len({type(k) for k in keys}) > 1:
             raise AssertionError("inconsistent types of keys detected.")
+
+
+def _kind_name(value: Any) -> str:
+    """What a refused output is, for error messages (``Tensor``, ``list``, ...)."""
+    return "Tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _row_ids(key: Key, rows: Any) -> torch.Tensor:
+    """``rows`` as a flat int64 CPU tensor; ids that are not integers are refused (MXNet wants
+    int64 row ids) instead of being truncated."""
+    try:
+        ids = torch.as_tensor(rows)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InvalidArgumentError(
+            f"row_sparse_pull {key!r}: row_ids must be a 1-D tensor or list of row numbers; "
+            f"got {_kind_name(rows)} ({exc})"
+        ) from None
+    if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+        raise InvalidArgumentError(
+            f"row_sparse_pull {key!r}: row_ids must be integers, got dtype "
+            f"{str(ids.dtype).removeprefix('torch.')}"
+        )
+    return ids.to(torch.int64).reshape(-1).cpu()
 
 
 __all__ = ["Key", "KVStore", "Updater", "Value"]

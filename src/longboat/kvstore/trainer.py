@@ -46,6 +46,9 @@ def choose_update_on_kvstore(requested: bool | None, kv: KVStore, from_name: boo
 class Trainer:
     """Keys 0..n-1 are the parameters in order; worker 0's initial values win.
 
+    A second Trainer on the same dist store (keys 0..n-1 again, as gluon) starts as on a fresh
+    store: the keys get its worker 0's parameters and the optimizer state starts anew.
+
     ``optimizer``: a torch SGD/Adam/Adagrad over ``params``, or a ``kvstore.optimizer`` one
     (MXNet's names; its ``rescale_grad`` is gluon's ``scale``). ``compression_params``:
     ``KVStore.set_gradient_compression``'s argument."""
@@ -73,10 +76,19 @@ class Trainer:
         )
         if compression_params and not (isinstance(kvstore, str) and "dist" not in kvstore):
             self.kv.set_gradient_compression(compression_params)  # gluon: no store, no compression
-        keys = self._keys()
-        if self.update_on_kvstore:
-            self.kv.set_optimizer(as_optimizer(self._given))
-        self.kv.init(keys, [p.detach() for p in self.params])
+        keys, values = self._keys(), [p.detach() for p in self.params]
+        again = [k for k in keys if self.kv._holds(k)]
+        if again and self.kv._kind.dist:
+            # another Trainer on this store made these keys: init keeps what they hold (MXNet's
+            # dist store accepts int keys again), so give them this Trainer's worker-0 values
+            self.kv.init(keys, values)
+            self.kv._assign(again, [values[k] for k in again])
+            if self.update_on_kvstore:
+                self.kv.set_optimizer(as_optimizer(self._given))
+        else:
+            if self.update_on_kvstore:
+                self.kv.set_optimizer(as_optimizer(self._given))
+            self.kv.init(keys, values)  # a local store refuses keys inited before (as MXNet)
         with torch.no_grad():
             self.kv.pull(keys, out=[p.data for p in self.params])
 
