@@ -30,6 +30,7 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerState,
 )
 
+from longboat.cluster.env import variable
 from longboat.elastic.membership import (
     Membership,
     acknowledged,
@@ -81,7 +82,7 @@ class ElasticAgent(WatchedAgent):
     @staticmethod
     def _ack_timeout() -> float:
         """Twice the ranks' failure timeout: a rank mid-step reaches its next commit first."""
-        return 2 * float(os.environ.get("LONGBOAT_TIMEOUT") or 30)
+        return 2 * variable("LONGBOAT_TIMEOUT", default=30.0)
 
     @property
     def membership(self) -> Membership | None:

@@ -7,6 +7,9 @@ import copy
 import os
 from dataclasses import dataclass, field
 
+from longboat.cluster.env import check_variables
+from longboat.cluster.info import ClusterError
+from longboat.launch.gpu_layout import gpu_layout_problem
 from longboat.launch.ps_endpoints import NodeRoles, count_or_endpoints, node_roles
 
 
@@ -277,12 +280,18 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
     _check_ps_roles(a.servers, a.workers, nnodes)
     if a.max_restarts < 0:
         raise LaunchOptionError(f"--max-restarts must be >= 0, got {a.max_restarts}")
+    _check_log_dir(a.log_dir)
     config = os.path.abspath(a.config) if a.config else None
-    if config and not os.path.isfile(config):
-        raise LaunchOptionError(f"--config {a.config}: no such file")
+    if config:
+        _check_config_file(config, a.config)
+    _check_environment(replaced_by_options=_replaced(a))
     _check_strategy(config, ps=bool(a.servers))
     if not a.module and not os.path.isfile(a.target):
         raise LaunchOptionError(f"{a.target}: no such script (use -m to run a module)")
+    if not (devices or a.servers or a.workers):  # --gpus lists its devices (checked above)
+        problem = gpu_layout_problem(nproc)
+        if problem:
+            raise LaunchOptionError(problem)
     args = list(a.target_args)
     if args[:1] == ["--"]:
         args = args[1:]
@@ -347,7 +356,8 @@ def _endpoint_lists(a: argparse.Namespace) -> NodeRoles | None:
 
 def _check_ps_roles(servers: int, workers: int, nnodes: int) -> None:
     """``--servers``/``--workers``: counts on this node; one node needs both, several nodes
-    need a job token every node shares (the job-wide counts are checked at start-up)."""
+    need a job token every node shares (the job-wide counts are checked at start-up), and a
+    token file given must be one the servers accept."""
     if servers < 0 or workers < 0:
         raise LaunchOptionError(f"--servers {servers} --workers {workers}: counts must be >= 0")
     if not (servers or workers):
@@ -366,7 +376,7 @@ def _check_ps_roles(servers: int, workers: int, nnodes: int) -> None:
             + TOKEN_HOWTO
         )
     path = os.environ.get("LONGBOAT_PS_TOKEN_FILE")
-    if nnodes > 1 and path and not os.environ.get("LONGBOAT_PS_TOKEN"):
+    if path and not os.environ.get("LONGBOAT_PS_TOKEN"):
         from longboat.ps.auth import AuthError, load_token
 
         try:
@@ -488,6 +498,49 @@ def _check_devices(devices: list[str], given: str | None) -> None:
             f"--gpus {given}: no device {', '.join(missing)} here; this machine has {count} "
             f"GPU{'s' if count != 1 else ''} (ids 0-{count - 1})"
         )
+
+
+def _check_log_dir(log_dir: str) -> None:
+    """``--log-dir`` must be a directory, or a path where one can be made."""
+    path = os.path.abspath(log_dir)
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if os.path.isdir(existing):
+        return
+    what = "is a file" if existing == path else f"is inside {existing}, which is a file"
+    raise LaunchOptionError(
+        f"--log-dir {log_dir} {what}, not a directory; give a directory (made if missing)"
+    )
+
+
+def _check_config_file(path: str, given: str) -> None:
+    """``--config`` must exist and set something: an empty file would train with the defaults
+    without a word."""
+    if not os.path.isfile(path):
+        raise LaunchOptionError(f"--config {given}: no such file")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        content = [line.strip() for line in f]
+    if all(not line or line.startswith("#") or line in ("---", "...") for line in content):
+        raise LaunchOptionError(
+            f"--config {given} is empty (no Strategy fields); give the fields to set, or drop "
+            "--config to train with the defaults"
+        )
+
+
+def _replaced(a: argparse.Namespace) -> frozenset[str]:
+    """The ``LONGBOAT_*`` variables these options replace for the ranks."""
+    names = {"LONGBOAT_TIMEOUT": a.failure_timeout, "LONGBOAT_CONFIG": a.config}
+    return frozenset(name for name, option in names.items() if option is not None)
+
+
+def _check_environment(replaced_by_options: frozenset[str]) -> None:
+    """Every ``LONGBOAT_*`` variable of the launcher's environment the ranks would read,
+    parsed as they parse it (`longboat.cluster.env.VARIABLES`)."""
+    try:
+        check_variables(skip=replaced_by_options)
+    except ClusterError as exc:
+        raise LaunchOptionError(str(exc)) from None
 
 
 def _check_strategy(config: str | None, ps: bool) -> None:

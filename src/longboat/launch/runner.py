@@ -19,6 +19,7 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 from torch.distributed.launcher.api import LaunchConfig
 
+from longboat.cluster.env import VARIABLES, variable
 from longboat.launch import options, rendezvous, torch_compat
 from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
 from longboat.launch.banner import print_banner, print_job_servers_later
@@ -97,6 +98,7 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
         console.print(restart_line(restart), markup=False, soft_wrap=True)
 
     with patched_environ(env), signals_raise_in_main_thread():
+        _drop_blank_variables()
         if spec.elastic:  # node rank and count come from each rendezvous round
             for name in ("LONGBOAT_NNODES", "LONGBOAT_NODE_RANK"):
                 os.environ.pop(name, None)
@@ -168,11 +170,19 @@ def stopped_line(spec: LaunchSpec, sigval: signal.Signals) -> str:
 def _run_id(spec: LaunchSpec) -> str:
     """The rendezvous run id: one shared by every node (LONGBOAT_RUN_ID, else the master
     endpoint, which every node is given), or a fresh one for a single-node job."""
-    if os.environ.get("LONGBOAT_RUN_ID"):
-        return os.environ["LONGBOAT_RUN_ID"]
+    run_id = variable("LONGBOAT_RUN_ID")
+    if run_id:
+        return run_id
     if spec.nnodes > 1:
         return f"longboat-{spec.master_host}-{spec.master_port}".replace(":", "-")
     return f"longboat-{uuid.uuid4().hex[:10]}"
+
+
+def _drop_blank_variables() -> None:
+    """A longboat variable set to blank counts as unset (`longboat.cluster.env.variable`): the
+    ranks do not get it at all (`patched_environ` restores it afterwards)."""
+    for name in [n for n in VARIABLES if not os.environ.get(n, "x").strip()]:
+        del os.environ[name]
 
 
 def _logs(spec: LaunchSpec) -> WorkerLogs:
