@@ -413,6 +413,7 @@ def test_float64_accumulation_keeps_float32_precision(monkeypatch: pytest.Monkey
     assert not torch.allclose(naive.double(), var, rtol=1e-2)  # what float32 sums would give
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_cuda_sync_path_matches_batchnorm(

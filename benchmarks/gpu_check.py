@@ -1,0 +1,515 @@
+"""One command that checks longboat on a machine with a GPU, and prints one Markdown table.
+
+    PYTHONPATH=src python benchmarks/gpu_check.py            # from a source checkout
+    PYTHONPATH=src python benchmarks/gpu_check.py --parts equivalence,syncs --out results/
+
+Needs nothing beyond torch (2.11 or newer, with CUDA) and longboat's own dependencies, and
+finishes within about 6 minutes on one GPU. Parts:
+
+* ``equivalence``: 2 ranks sharing the GPU over Gloo with CUDA tensors, for every allreduce
+  algorithm, compressor, AMP dtype, sync BN, gradient merge and local SGD. Exact settings
+  must equal a single-process CUDA run on the global batch; lossy ones (compressed
+  allreduce, PowerSGD, DGC, local SGD) the same 2-rank run on CPU tensors, which the CPU test
+  suite proves against its references.
+* ``syncs``: world-size-1 NCCL training steps under ``torch.cuda.set_sync_debug_mode``:
+  ``error`` for settings that must never make the host wait for the GPU, and a count of
+  warnings (at most one per step) for float16 loss scaling and find_unused_parameters.
+* ``overhead``: ``longboat bench train --device cuda --nproc 1`` on a ResNet-50-sized CNN and
+  a GPT-2-small-sized transformer, fp32 and bf16 AMP: longboat against torch DDP and the
+  plain loop, interleaved rounds of one run. The NCCL allreduce is launched at world size 1
+  as at N (hooks, bucket copies, stream hand-offs): this is the path N GPUs take.
+* ``launcher``: ``longboat launch`` starts an NCCL rank on this torch, and refuses more ranks
+  than GPUs before any rank starts.
+* ``tests``: the test suite's GPU tests (``pytest -m gpu``).
+
+Exits non-zero if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests._dist import run_ranks  # noqa: E402 - after the path tweak
+
+PARTS = ("equivalence", "syncs", "overhead", "launcher", "tests")
+STEPS = 6
+GLOBAL_BATCH, IN, HIDDEN, CLASSES = 32, 32, 256, 10
+
+# name -> (Strategy fields, reference): "global" = single-process CUDA run on the global batch
+EQUIVALENCE: dict[str, tuple[dict[str, Any], str]] = {
+    "default": ({}, "global"),
+    "native": ({"allreduce_algorithm": "native"}, "global"),
+    "ring": ({"allreduce_algorithm": "ring"}, "global"),
+    "shm": ({"allreduce_algorithm": "shm"}, "global"),
+    "hierarchical": ({"allreduce_algorithm": "hierarchical"}, "global"),
+    "3 communicators": ({"nccl_comm_num": 3, "fuse_grad_size_in_MB": 0.05}, "global"),
+    "gradient merge k=2": (
+        {"gradient_merge": True, "gradient_merge_configs": {"k_steps": 2, "avg": True}},
+        "global",
+    ),
+    "sync batch norm": ({"sync_batch_norm": True}, "global"),
+    "find_unused_parameters": ({"find_unused_parameters": True}, "global"),
+    "amp bfloat16": ({"amp": True, "amp_configs": {"dtype": "bfloat16"}}, "global"),
+    "amp float16": ({"amp": True, "amp_configs": {"dtype": "float16"}}, "global"),
+    "fp16 allreduce": ({"fp16_allreduce": True}, "cpu"),
+    "bf16 allreduce": ({"gradient_compression": "bf16"}, "cpu"),
+    "powersgd": (
+        {
+            "gradient_compression": "powersgd",
+            "powersgd_configs": {"rank": 2, "start_step": 2, "min_compression_bytes": 0},
+        },
+        "cpu",
+    ),
+    "dgc": ({"dgc": True, "dgc_configs": {"rampup_begin_step": 2}}, "cpu"),
+    "local sgd k=2": ({"localsgd": True, "localsgd_configs": {"k_steps": 2}}, "cpu"),
+}
+TOLERANCE = {"global": 1e-5, "amp": 2e-3, "cpu": 1e-4}
+
+# name -> (Strategy fields, host synchronisations allowed per step)
+SYNCS: dict[str, tuple[dict[str, Any], int]] = {
+    "default": ({}, 0),
+    "3 communicators, 1 MB buckets": ({"nccl_comm_num": 3, "fuse_grad_size_in_MB": 1}, 0),
+    "gradient merge k=2": ({"gradient_merge": True, "gradient_merge_configs": {"k_steps": 2}}, 0),
+    "amp bfloat16": ({"amp": True, "amp_configs": {"dtype": "bfloat16"}}, 0),
+    "fp16 allreduce": ({"fp16_allreduce": True}, 0),
+    "bf16 allreduce": ({"gradient_compression": "bf16"}, 0),
+    "sync batch norm": ({"sync_batch_norm": True}, 0),
+    "amp float16 (overflow decision)": ({"amp": True, "amp_configs": {"dtype": "float16"}}, 1),
+    "find_unused_parameters": ({"find_unused_parameters": True}, 1),
+}
+
+OVERHEAD = [
+    ("resnet50", "fp32", {}),
+    ("resnet50", "bf16 amp", {"amp": True, "amp_configs": {"dtype": "bfloat16"}}),
+    ("gpt2-small", "fp32", {}),
+    ("gpt2-small", "bf16 amp", {"amp": True, "amp_configs": {"dtype": "bfloat16"}}),
+]
+
+
+@dataclass
+class Row:
+    """One check: ``ok`` False fails the run; ``goal`` False marks a missed speed goal."""
+
+    part: str
+    check: str
+    ok: bool
+    result: str
+    detail: str = ""
+    goal: bool = True
+
+    @property
+    def status(self) -> str:
+        if not self.ok:
+            return "**FAILED**"
+        return "yes" if self.goal else "goal missed"
+
+
+# ---- models and data ---------------------------------------------------------------------------
+
+
+class Net(nn.Module):
+    """An MLP with LayerNorm (per-sample: shards and the global batch agree) or BatchNorm."""
+
+    def __init__(self, batch_norm: bool, spare: bool):
+        super().__init__()
+        norm = nn.BatchNorm1d if batch_norm else nn.LayerNorm
+        self.fc1, self.norm1 = nn.Linear(IN, HIDDEN), norm(HIDDEN)
+        self.fc2, self.norm2 = nn.Linear(HIDDEN, HIDDEN), norm(HIDDEN)
+        self.head = nn.Linear(HIDDEN, CLASSES)
+        self.spare = nn.Linear(HIDDEN, CLASSES) if spare else None  # for find_unused_parameters
+
+    def forward(self, x: torch.Tensor, use_spare: bool = False) -> torch.Tensor:
+        h = torch.tanh(self.norm1(self.fc1(x)))
+        h = torch.tanh(self.norm2(self.fc2(h)))
+        out = self.head(h)
+        return out + self.spare(h) if use_spare and self.spare is not None else out
+
+
+def _data(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(steps, GLOBAL_BATCH, IN, generator=g)
+    return x, torch.randint(0, CLASSES, (steps, GLOBAL_BATCH), generator=g)
+
+
+def _shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    per = t.shape[0] // world
+    return t[rank * per : (rank + 1) * per]
+
+
+def _build(name: str, seed: int, device: torch.device) -> tuple[Net, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = Net(batch_norm="batch norm" in name, spare=name == "find_unused_parameters").to(device)
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _micro_steps(fields: dict[str, Any]) -> int:
+    return int(fields.get("gradient_merge_configs", {}).get("k_steps", 1))
+
+
+def _autocast(fields: dict[str, Any]) -> torch.dtype | None:
+    if not fields.get("amp"):
+        return None
+    return torch.float16 if fields["amp_configs"]["dtype"] == "float16" else torch.bfloat16
+
+
+def _params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+
+
+# ---- equivalence ---------------------------------------------------------------------------------
+
+
+def _distributed_run(name: str, rank: int, world: int, device: torch.device) -> dict:
+    import longboat as lb
+
+    fields, _ = EQUIVALENCE[name]
+    model, opt = _build(name, seed=rank, device=device)  # distribute broadcasts rank 0's
+    dmodel, dopt = lb.distribute(model, opt, lb.Strategy(**fields))
+    x, y = _data(STEPS * _micro_steps(fields))
+    spare = name == "find_unused_parameters" and rank == 0  # used on one rank of two
+    for i in range(x.shape[0]):
+        dopt.zero_grad()
+        xs, ys = _shard(x[i], rank, world).to(device), _shard(y[i], rank, world).to(device)
+        F.cross_entropy(dmodel(xs, use_spare=spare), ys).backward()
+        dopt.step()
+    return _params(model)
+
+
+def _equivalence_rank(rank: int, world: int, names: list[str], device: str) -> dict[str, Any]:
+    """Each setting on ``device`` tensors and, for lossy ones, on CPU tensors: parameters."""
+    import longboat as lb
+
+    lb.init()
+    out: dict[str, Any] = {}
+    for name in names:
+        try:
+            cuda = _distributed_run(name, rank, world, torch.device(device))
+            cpu = None
+            if EQUIVALENCE[name][1] == "cpu":
+                cpu = _distributed_run(name, rank, world, torch.device("cpu"))
+            out[name] = {"cuda": cuda, "cpu": cpu}
+        except Exception:  # noqa: BLE001 - reported in the table, the other settings go on
+            out[name] = {"error": traceback.format_exc(limit=-3)}
+    return out
+
+
+def _global_reference(name: str, world: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """One process: every step averages the loss of the ranks' shards, as N ranks do."""
+    fields, _ = EQUIVALENCE[name]
+    model, opt = _build(name, seed=0, device=device)
+    k = _micro_steps(fields)
+    x, y = _data(STEPS * k)
+    dtype = _autocast(fields)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(k):
+            i = step * k + micro
+            with torch.autocast(device.type, dtype, enabled=dtype is not None):
+                if name == "sync batch norm":  # one batch norm over the global batch
+                    losses = [F.cross_entropy(model(x[i].to(device)), y[i].to(device))]
+                else:
+                    losses = [
+                        F.cross_entropy(
+                            model(
+                                _shard(x[i], r, world).to(device),
+                                use_spare=name == "find_unused_parameters" and r == 0,
+                            ),
+                            _shard(y[i], r, world).to(device),
+                        )
+                        for r in range(world)
+                    ]
+            (torch.stack(losses).mean() / k).backward()
+        opt.step()
+    return _params(model)
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+def check_equivalence(
+    rows: list[Row], device: str = "cuda:0", names: list[str] | None = None
+) -> None:
+    """``device`` "cpu" runs the same comparison without a GPU (the suite checks the script)."""
+    names = names or list(EQUIVALENCE)
+    results = run_ranks(
+        _equivalence_rank, 2, names, device, timeout=240, env={"LONGBOAT_BACKEND": "gloo"}
+    )
+    for name in names:
+        fields, reference = EQUIVALENCE[name]
+        ranks = [r[name] for r in results]
+        failed = [r["error"] for r in ranks if "error" in r]
+        if failed:
+            rows.append(Row("equivalence", name, False, "error", failed[0].strip()[-300:]))
+            continue
+        apart = _max_diff(ranks[0]["cuda"], ranks[1]["cuda"])
+        if reference == "cpu":
+            diff = max(_max_diff(r["cuda"], r["cpu"]) for r in ranks)  # rank by rank
+            what, tol = "2 ranks on CPU", TOLERANCE["cpu"]
+        else:
+            against = _global_reference(name, 2, torch.device(device))
+            diff = _max_diff(ranks[0]["cuda"], against)
+            what = "1 process, global batch"
+            tol = TOLERANCE["amp" if fields.get("amp") else "global"]
+        # local SGD lets the ranks drift between averagings; every other setting keeps them equal
+        ok = diff <= tol and (apart == 0.0 or "local sgd" in name)
+        rows.append(
+            Row(
+                "equivalence",
+                name,
+                ok,
+                f"max diff {diff:.1e} (tol {tol:.0e})",
+                f"vs {what}; ranks apart {apart:.1e}",
+            )
+        )
+
+
+# ---- host synchronisations -------------------------------------------------------------------------
+
+
+def _syncs_rank(rank: int, world: int, names: list[str]) -> dict[str, Any]:
+    import longboat as lb
+
+    lb.init()
+    device = torch.device("cuda", 0)
+    out: dict[str, Any] = {}
+    for name in names:
+        fields, allowed = SYNCS[name]
+        try:
+            model, opt = _build(name, 0, device)
+            dmodel, dopt = lb.distribute(model, opt, lb.Strategy(**fields))
+            k = _micro_steps(fields)
+            x, y = _data(4 * k)
+            batches = [(x[i].to(device), y[i].to(device)) for i in range(x.shape[0])]
+
+            def step(xs: torch.Tensor, ys: torch.Tensor, dmodel=dmodel, dopt=dopt) -> None:
+                dopt.zero_grad()
+                F.cross_entropy(dmodel(xs), ys).backward()  # ``spare`` never takes part
+                dopt.step()
+
+            for xs, ys in batches[: 2 * k]:  # warm-up: optimizer state, kernels, caches
+                step(xs, ys)
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("error" if allowed == 0 else "warn")
+                try:
+                    for xs, ys in batches[2 * k :]:
+                        step(xs, ys)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+            syncs = [str(w.message)[:120] for w in caught if "synchroniz" in str(w.message)]
+            out[name] = {"steps": 2, "syncs": syncs, "allowed": allowed}
+        except Exception:  # noqa: BLE001 - reported in the table
+            out[name] = {"error": traceback.format_exc(limit=-4)}
+    return out
+
+
+def check_syncs(rows: list[Row]) -> None:
+    names = list(SYNCS)
+    (result,) = run_ranks(_syncs_rank, 1, names, timeout=180, env={"LONGBOAT_BACKEND": "nccl"})
+    for name in names:
+        r = result[name]
+        if "error" in r:
+            rows.append(Row("syncs", name, False, "host synchronised", r["error"].strip()[-300:]))
+            continue
+        n, allowed = len(r["syncs"]), r["allowed"]
+        ok = n <= allowed * r["steps"]
+        mode = "error" if allowed == 0 else f"warn, <= {allowed}/step"
+        rows.append(Row("syncs", name, ok, f"{n} in {r['steps']} steps", f"sync debug mode {mode}"))
+
+
+# ---- overhead on one GPU ---------------------------------------------------------------------------
+
+
+def check_overhead(rows: list[Row], out: Path | None, quick: bool) -> None:
+    from longboat.tools.bench import train
+
+    for model, label, fields in OVERHEAD:
+        config = train.Config(
+            model,
+            warmup=3 if quick else 5,
+            steps=5 if quick else 10,
+            rounds=3 if quick else 5,
+            data="memory",
+            workers=0,
+            strategy=fields,
+            device="cuda",
+        )
+        try:
+            result = train.run_model(config, [1])
+        except Exception:  # noqa: BLE001
+            rows.append(
+                Row("overhead", f"{model} {label}", False, "error", traceback.format_exc()[-300:])
+            )
+            continue
+        lb_row = next(r for r in result if r["system"] == "longboat")
+        ddp_row = next(r for r in result if r["system"] == "ddp")
+        vs_ddp = lb_row["longboat_over_ddp"]
+        plain = lb_row["no_sync_over_ddp"]  # plain loop / DDP
+        vs_plain = vs_ddp / plain if plain else float("nan")
+        rows.append(
+            Row(
+                "overhead",
+                f"{model} {label}, batch {lb_row['batch_per_rank']}",
+                True,
+                f"{vs_plain:.3f}x plain, {vs_ddp:.3f}x DDP",
+                f"longboat {lb_row['step_ms']:.1f} ms, DDP {ddp_row['step_ms']:.1f} ms, "
+                f"plain {ddp_row['step_ms'] * plain:.1f} ms; NCCL allreduce launched at world 1",
+                goal=vs_plain <= 1.02 and vs_ddp <= 1.0,
+            )
+        )
+        if out is not None:
+            with open(out / "overhead.jsonl", "a") as f:
+                f.write(json.dumps({"model": model, "precision": label, "rows": result}) + "\n")
+
+
+# ---- launcher and tests ------------------------------------------------------------------------------
+
+_RANK_SCRIPT = """
+import torch, torch.distributed as dist, longboat as lb
+lb.init()
+t = torch.ones(4, device="cuda")
+dist.all_reduce(t)
+assert dist.get_backend() == "nccl" and float(t[0]) == lb.world_size()
+print("rank ran on", torch.cuda.get_device_name(), "backend", dist.get_backend())
+"""
+
+
+def _longboat(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    return subprocess.run(
+        [sys.executable, "-m", "longboat", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def check_launcher(rows: list[Row]) -> None:
+    gpus = torch.cuda.device_count()
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp, "rank.py")
+        script.write_text(_RANK_SCRIPT)
+        one = _longboat(
+            "launch", "--nproc-per-node", str(gpus), "--log-dir", str(Path(tmp, "log")),
+            str(script), timeout=120,
+        )  # fmt: skip
+        rows.append(
+            Row(
+                "launcher",
+                f"launch --nproc-per-node {gpus} (NCCL)",
+                one.returncode == 0,
+                f"exit {one.returncode}",
+                (one.stdout + one.stderr).strip().splitlines()[-1][:200] if one.returncode else "",
+            )
+        )
+        over = _longboat("launch", "--nproc-per-node", str(gpus + 1), str(script), timeout=120)
+        text = over.stdout + over.stderr
+        refused = over.returncode != 0 and "LONGBOAT_BACKEND=gloo" in text
+        rows.append(
+            Row(
+                "launcher",
+                f"launch --nproc-per-node {gpus + 1} refused before any rank",
+                refused and "Duplicate GPU" not in text,
+                f"exit {over.returncode}",
+                text.strip().splitlines()[-1][:200] if text.strip() else "",
+            )
+        )
+
+
+def check_tests(rows: list[Row]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])},
+    )
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-200:]
+    rows.append(Row("tests", "pytest -m gpu", done.returncode == 0, summary))
+
+
+# ---- main ------------------------------------------------------------------------------------------
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| part | check | ok | result | detail |", "|---|---|---|---|---|"]
+    for r in rows:
+        detail = r.detail.replace("|", "/").replace("\n", " ")
+        lines.append(f"| {r.part} | {r.check} | {r.status} | {r.result} | {detail} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {PARTS}")
+    parser.add_argument("--out", default=None, help="directory for results.json and table.md")
+    parser.add_argument("--quick", action="store_true", help="fewer timed rounds for overhead")
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU visible (torch.cuda.is_available() is False)")
+        return 2
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, CUDA {torch.version.cuda}"
+    )
+    print(f"gpu_check on {header}", flush=True)
+    rows: list[Row] = []
+    checks: dict[str, Callable[[], None]] = {
+        "equivalence": lambda: check_equivalence(rows),
+        "syncs": lambda: check_syncs(rows),
+        "overhead": lambda: check_overhead(rows, out, args.quick),
+        "launcher": lambda: check_launcher(rows),
+        "tests": lambda: check_tests(rows),
+    }
+    for part in parts:
+        start = time.monotonic()
+        try:
+            checks[part]()
+        except Exception:  # noqa: BLE001 - one broken part must not hide the others
+            rows.append(Row(part, "(part)", False, "error", traceback.format_exc()[-400:]))
+        print(f"gpu_check: {part} done in {time.monotonic() - start:.0f} s", flush=True)
+    text = f"gpu_check on {header}\n\n{table(rows)}"
+    print(text)
+    if out is not None:
+        (out / "table.md").write_text(text + "\n")
+        (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    failed = [r for r in rows if not r.ok]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
