@@ -2,7 +2,9 @@
 
 The bucket is cast to half precision, allreduced with the inner algorithm, and cast back into
 the original tensor when the inner allreduce completes (a future callback; the caller never
-blocks). Buckets hold ``grad / world_size`` already, so every partial sum of the allreduce is
+blocks). On a GPU the callback runs on a stream that waits for the allreduce, and the half
+copy is recorded on that stream so the caching allocator cannot hand its memory out before the
+cast back has read it. Buckets hold ``grad / world_size`` already, so every partial sum of the allreduce is
 bounded by the largest per-rank gradient: summing cannot overflow fp16 where the gradients
 themselves fit (|g| <= 65504). What fp16 can lose is range at the small end (values below
 ~6e-8 flush to zero, below ~6e-5 lose precision); bf16 keeps float32's range with an 8-bit
@@ -53,6 +55,8 @@ class CastCompressor:
         handle = self.inner(wire)
 
         def cast_back() -> torch.Tensor:
+            if wire.is_cuda:  # read on this (callback) stream: not reused before it has been
+                wire.record_stream(torch.cuda.current_stream(wire.device))
             return tensor.copy_(wire.view(tensor.shape))
 
         return chain(handle, cast_back)
