@@ -19,6 +19,7 @@ __all__ = [
     "ElasticSampler",
     "MembershipChanged",
     "State",
+    "StateMismatchError",
     "is_elastic",
     "run",
     "schedule",
@@ -31,6 +32,7 @@ _WHERE = {
     "MembershipChanged": "longboat.elastic.world",
     "is_elastic": "longboat.elastic.world",
     "State": "longboat.elastic.state",
+    "StateMismatchError": "longboat.elastic.state",
     "run": "longboat.elastic.run",
 }
 

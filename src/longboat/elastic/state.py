@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
 import os
 import time
@@ -16,6 +17,7 @@ from torch import nn
 
 import longboat.cluster as cluster
 from longboat.elastic import world
+from longboat.elastic.membership import ElasticError
 from longboat.elastic.sampler import ElasticSampler
 from longboat.log import get_logger
 
@@ -35,6 +37,12 @@ _OWN = frozenset(
         "_has_state",
     }
 )
+#: What the digest compared after every membership change covers, in its order.
+DIGEST_PARTS = ("commit count", "parameters", "optimizer state", "sampler progress")
+
+
+class StateMismatchError(ElasticError):
+    """After a membership change, some ranks do not hold the state every rank should share."""
 
 
 class _TensorTree:
@@ -188,35 +196,92 @@ class State:
 
     # -- across ranks ------------------------------------------------------------------------
 
+    @property
+    def holds_state(self) -> bool:
+        """True once this rank holds the job's state (after its first ``sync``, or after
+        ``load_checkpoint``); a rank that joins a running job holds none until it receives it."""
+        return self._has_state
+
     def sync(self) -> int:
         """Collective: every rank takes the state of the rank with the most commits (the lowest
-        such rank); returns that rank. Nothing moves when every rank has the same count."""
+        such rank); returns that rank. A rank that holds no state yet (it joined late) always
+        receives it; nothing moves when every rank holds the same count. Then every rank's
+        digest of its state is compared: `StateMismatchError` (on every rank) names the ranks
+        whose state differs from that rank's."""
         if not (dist.is_initialized() and dist.get_world_size() > 1):
+            self._has_state = True  # alone, this rank holds the state: a joiner receives it
             self._reshard()
             return 0
-        counts = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
+        device = _collective_device()
+        counts = [
+            torch.zeros(1, dtype=torch.long, device=device) for _ in range(dist.get_world_size())
+        ]
         mine = self.commits if self._has_state else -1  # a newcomer has nothing to give
-        dist.all_gather(counts, torch.tensor([mine]))
+        dist.all_gather(counts, torch.tensor([mine], device=device))
         values = [int(c.item()) for c in counts]
         source = values.index(max(values))
         if len(set(values)) > 1:
             self._receive(self._broadcast_payload(source), source)
         self._has_state = True
         self._reshard()
+        self.verify_same_state(source)
         return source
 
+    def digest(self) -> list[int]:
+        """A 64-bit hash of each part of `DIGEST_PARTS` of this rank's state, bit for bit.
+
+        Buffers (e.g. BatchNorm statistics, which are not synchronised every step) and your
+        own values are left out: they may differ between ranks.
+        """
+        params = (
+            [(n, p) for n, p in self.model.named_parameters()] if self.model is not None else []
+        )
+        optimizer = self.optimizer.state_dict() if self.optimizer is not None else None
+        sampler = self.sampler.state_dict() if self.sampler is not None else None
+        return [_hash(part) for part in (self.commits, params, optimizer, sampler)]
+
+    def verify_same_state(self, source: int = 0) -> None:
+        """Collective: raise `StateMismatchError` on every rank when any rank's `digest`
+        differs from rank ``source``'s; the message names those ranks and the parts that
+        differ. One all-gather of a few integers per rank."""
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        device = _collective_device()
+        mine = torch.tensor(self.digest(), dtype=torch.long, device=device)
+        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, mine)
+        digests = [[int(v) for v in t.tolist()] for t in gathered]
+        reference = digests[source]
+        differ = {
+            rank: [part for part, a, b in zip(DIGEST_PARTS, d, reference, strict=True) if a != b]
+            for rank, d in enumerate(digests)
+            if d != reference
+        }
+        if not differ:
+            _log.info("state digests agree on all %d ranks", len(digests))
+            return
+        ranks = sorted(differ)
+        detail = "; ".join(f"rank {r}: {', '.join(differ[r])}" for r in ranks)
+        raise StateMismatchError(
+            f"after the membership change the state of rank{'s' if len(ranks) > 1 else ''} "
+            f"{', '.join(map(str, ranks))} differs from rank {source}'s, whose state every rank "
+            f"should hold ({detail}); training on would silently diverge"
+        )
+
     def _broadcast_payload(self, source: int) -> bytes | None:
-        payload = torch.empty(0, dtype=torch.uint8)
+        device = _collective_device()
+        payload = torch.empty(0, dtype=torch.uint8, device=device)
         if dist.get_rank() == source:
             buffer = io.BytesIO()
             torch.save(self._payload(), buffer)
-            payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-        size = torch.tensor([payload.numel()])
+            data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+            payload = data.to(device)
+        size = torch.tensor([payload.numel()], device=device)
         dist.broadcast(size, source)
         if dist.get_rank() != source:
-            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+            payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
         dist.broadcast(payload, source)
-        return None if dist.get_rank() == source else payload.numpy().tobytes()
+        return None if dist.get_rank() == source else payload.cpu().numpy().tobytes()
 
     def _payload(self) -> dict[str, Any]:
         return {
@@ -288,6 +353,44 @@ class State:
         self._has_state = True
         self.save()
         return True
+
+
+def _collective_device() -> torch.device:
+    """Where tensors of this process group's collectives live (NCCL: the current GPU)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _hash(node: Any) -> int:
+    """A signed 64-bit hash of a nested state: tensors by dtype, shape and bytes, dict entries
+    in key order, plain values by their repr, other objects by their type alone."""
+    h = hashlib.blake2b(digest_size=8)
+    _feed(h, node)
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def _feed(h: Any, node: Any) -> None:
+    if isinstance(node, torch.Tensor):
+        t = node.detach()
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        h.update(f"T{t.dtype}{tuple(t.shape)}:".encode())
+        if t.numel():
+            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(node, dict):
+        h.update(f"D{len(node)}:".encode())
+        for key, value in sorted(node.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0]))):
+            _feed(h, key)
+            _feed(h, value)
+    elif isinstance(node, list | tuple):
+        h.update(f"L{len(node)}:".encode())
+        for value in node:
+            _feed(h, value)
+    elif node is None or isinstance(node, bool | int | float | str):
+        h.update(f"{type(node).__name__}={node!r};".encode())
+    else:
+        h.update(f"<{type(node).__name__}>;".encode())
 
 
 def _check_model(model: nn.Module | None) -> None:
