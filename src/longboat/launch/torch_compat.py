@@ -1,4 +1,4 @@
-"""torch's elastic launcher API as the torch releases longboat supports (2.11 to 2.13) spell it.
+"""torch's elastic launcher API as each torch release longboat supports (2.11 on) spells it.
 
 Settings that only some releases have are found by looking at the installed torch (the fields
 of its dataclasses, the parameters of its agent), never by comparing version numbers. A setting
