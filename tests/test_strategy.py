@@ -144,6 +144,7 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "schedule_mode": "1F1B",
         "p2p_cache_shape": True,
         "enable_partial_send_recv": True,
+        "micro_batch": 1,  # Paddle 2.0's key
     },
     "sharding_configs": {
         "sharding_degree": 8,
@@ -164,6 +165,23 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "sharding_degree": 1,
         "sep_degree": 1,
         "order": ["dp", "pp", "sharding", "sep", "mp"],
+        "mp_configs": {
+            "sync_param": False,
+            "sync_grad": False,
+            "sync_moment": False,
+            "sync_mode": "broadcast",
+            "sync_param_name": ["embedding", "layer_norm", ".b_"],
+            "need_broadcast_data": True,
+            "mp_async_allreduce": False,
+            "mp_skip_c_identity": False,
+            "mp_fused_linear_param_grad_add": False,
+        },
+    },
+    "trainer_desc_configs": {
+        "dump_fields_path": "",
+        "dump_fields": [],
+        "dump_param": [],
+        "stat_var_names": [],
     },
 }
 
@@ -526,8 +544,13 @@ NOT_APPLICABLE = {
         "PyTorch frees temporaries as soon as they are unreferenced",
     ),
     "num_iteration_per_run": (5, "no executor"),
-    "cudnn_batchnorm_spatial_persistent": (False, "no switch"),
 }
+PADDLE_DEFAULTS = {  # field -> Paddle's default where it differs from longboat's: accepted
+    "num_iteration_per_run": 1,
+    "num_iteration_per_drop_scope": 100,  # a Paddle ExecutionStrategy object's
+    "cudnn_batchnorm_spatial_persistent": False,  # Paddle 2.1+
+}
+REFUSED_WHEN_USED = {"trainer_desc_configs"}
 
 
 NO_EFFECT = {
@@ -543,7 +566,20 @@ OUTSIDE_DATA_PARALLEL = {
 
 def test_not_applicable_fields() -> None:
     found = set(fields_by_status("not applicable"))
-    assert found == set(NOT_APPLICABLE) | NO_EFFECT | OUTSIDE_DATA_PARALLEL
+    expected = set(NOT_APPLICABLE) | NO_EFFECT | OUTSIDE_DATA_PARALLEL | REFUSED_WHEN_USED
+    assert found == expected | {"cudnn_batchnorm_spatial_persistent"}
+
+
+@pytest.mark.parametrize("name", sorted(PADDLE_DEFAULTS))
+def test_paddle_defaults_are_accepted_like_the_default(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    value = PADDLE_DEFAULTS[name]
+    s = make(**{name: value})
+    setattr(s, name, value)
+    with caplog.at_level("WARNING", logger="longboat.strategy"):
+        s.check()
+    assert getattr(s, name) == value and not caplog.records
 
 
 @pytest.mark.parametrize("name", sorted(NOT_APPLICABLE))

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from longboat.strategy.configs import HYBRID_DEGREES
+from longboat.strategy.configs import HYBRID_DEGREES, MP_CONFIGS
 from longboat.strategy.conflicts import CONFLICTS
 from longboat.strategy.fields import FIELDS
 from longboat.strategy.spec import ENV_PREFIX, STATUS_KINDS, FieldSpec, Group, StatusKind
@@ -21,7 +21,9 @@ from longboat.strategy.values import (
     Config,
     Rejected,
     StrategyError,
+    StrategyTypeError,
     ValueType,
+    WrongType,
     closest,
     unknown_name_error,
 )
@@ -83,8 +85,16 @@ GROUP_KEYS: dict[str, Group] = {
     "ExecutionStrategy": "ExecutionStrategy",
 }
 """Nested keys (Fleet's spellings and the group names) that address a group of fields."""
-ALIASES: dict[str, str] = {"fp16_compress": "fp16_allreduce"}
-"""Older Paddle names of fields: reading or setting one reads or sets the field."""
+ALIASES: dict[str, str] = {
+    "fp16_compress": "fp16_allreduce",
+    "fleet_desc_configs": "sparse_table_configs",
+    "_fuse_grad_size_in_TFLOPS": "fuse_grad_size_in_TFLOPS",
+}
+"""Other Paddle names of fields: reading or setting one reads or sets the field (Paddle's
+``fleet_desc_configs`` setter fills the same tables that ``sparse_table_configs`` reads)."""
+KEY_ALIASES: dict[str, tuple[str, str]] = {"hybrid_parallel_order": ("hybrid_configs", "order")}
+"""Paddle attributes that are a key of a config field here: ``strategy.hybrid_parallel_order``
+is ``strategy.hybrid_configs['order']``, as Paddle's ``hybrid_configs`` setter keeps them."""
 NESTED_KEY: dict[Group, str] = {
     "BuildStrategy": "build_strategy",
     "ExecutionStrategy": "execution_strategy",
@@ -112,7 +122,7 @@ ENV_FIELDS: Mapping[str, str] = _EnvFields()
 
 def attribute_names() -> list[str]:
     """Every field name and group key: what ``Strategy`` attributes may be called."""
-    return [*FIELDS, *ALIASES, *GROUP_KEYS]
+    return [*FIELDS, *ALIASES, *KEY_ALIASES, *GROUP_KEYS]
 
 
 def fields_by_status(kind: StatusKind) -> tuple[str, ...]:
@@ -159,7 +169,7 @@ def field_changes(name: str, value: Any, source: str, where: str) -> list[Change
     if not isinstance(spec.type, Config):
         return [Change(name, None, value, source, where)]
     if not isinstance(value, Mapping):
-        raise StrategyError(
+        raise StrategyTypeError(
             f"Strategy.{name} must be {spec.type.describe()}, got {value!r} "
             f"({type(value).__name__})"
         )
@@ -181,6 +191,7 @@ def check_group_member(group: Group, name: str) -> None:
 def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
     """Flat ``{field: value}`` from flat and/or nested (build_strategy, ...) keys."""
     flat: dict[str, Any] = {}
+    keyed: list[tuple[str, Any]] = []  # KEY_ALIASES, merged into their field at the end
 
     def put(name: str, value: Any, via: str) -> None:
         if name in flat:
@@ -188,6 +199,9 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
         flat[name] = value
 
     for name, value in data.items():
+        if name in KEY_ALIASES:
+            keyed.append((name, value))
+            continue
         group = GROUP_KEYS.get(name)
         if group is None:
             name = ALIASES.get(name, name)
@@ -201,6 +215,16 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
         for sub, sub_value in value.items():
             check_group_member(group, sub)
             put(sub, sub_value, f"flat and under {name}")
+    for alias, value in keyed:
+        field, key = KEY_ALIASES[alias]
+        current = flat.setdefault(field, {})
+        if not isinstance(current, Mapping):
+            continue  # refused by field_changes, naming the field
+        if key in current:
+            raise StrategyError(
+                f"Strategy.{field}[{key!r}] is given twice (as that key and as {alias})"
+            )
+        flat[field] = {**current, key: value}
     return flat
 
 
@@ -255,7 +279,8 @@ def check(vtype: ValueType, value: Any, label: str) -> Any:
         return vtype.check(value)
     except Rejected as rejected:
         detail = f"; {rejected.detail}" if rejected.detail else ""
-        raise StrategyError(
+        error = StrategyTypeError if isinstance(rejected, WrongType) else StrategyError
+        raise error(
             f"{label} must be {vtype.describe()}, got {value!r} ({type(value).__name__}){detail}"
         ) from None
 
@@ -272,7 +297,7 @@ def validate(change: Change) -> Any:
         return check(key.type, change.value, f"Strategy.{spec.name}[{key.name!r}]")
     value = check(spec.type, change.value, f"Strategy.{spec.name}")
     refusal = spec.status.refusal
-    if refusal and value != spec.default:
+    if refusal and not spec.at_default(value):
         kind = (
             "has no meaning in longboat" if spec.status.kind == "not applicable" else "is refused"
         )
@@ -285,8 +310,15 @@ def shown(name: str, values: Mapping[str, Any]) -> str:
     spec = FIELDS[name]
     value = values[name]
     if spec.is_config:
-        value = {k: v for k, v in value.items() if v != spec.default[k]}
+        value = {k: _changed(v, spec.default[k]) for k, v in value.items() if v != spec.default[k]}
     return repr(value)
+
+
+def _changed(value: Any, default: Any) -> Any:
+    """``value``, or for a nested config only its keys that differ from ``default``."""
+    if isinstance(value, dict) and isinstance(default, dict):
+        return {k: v for k, v in value.items() if v != default.get(k)}
+    return value
 
 
 _warned_no_effect: set[str] = set()
@@ -297,7 +329,7 @@ def warn_no_effect(names: Iterable[str], values: Mapping[str, Any]) -> None:
     for name in names:
         spec = FIELDS[name]
         why = spec.status.no_effect
-        if why and values[name] != spec.default and name not in _warned_no_effect:
+        if why and not spec.at_default(values[name]) and name not in _warned_no_effect:
             _warned_no_effect.add(name)
             logger.warning(
                 "Strategy.%s=%r is accepted but has no effect in PyTorch: %s",
@@ -316,8 +348,9 @@ def check_use(values: Mapping[str, Any]) -> None:
         value = values[name]
         if name == "hybrid_configs":
             outside = any(value[k] != 1 for k in HYBRID_DEGREES)
+            outside = outside or value["mp_configs"] != MP_CONFIGS.defaults()
         else:
-            outside = value != spec.default
+            outside = not spec.at_default(value)
         if reason and outside:
             raise StrategyError(
                 f"Strategy.{name}={shown(name, values)} is refused, {reason}; "

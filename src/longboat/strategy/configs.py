@@ -14,7 +14,9 @@ from longboat.strategy.values import (
     Int,
     IntList,
     KeySpec,
+    Str,
     StrList,
+    SubConfig,
 )
 
 AMP_CONFIGS = Config(
@@ -122,6 +124,7 @@ PIPELINE_CONFIGS = Config(
         KeySpec("schedule_mode", Choice(("1F1B", "F-then-B")), "1F1B", "pipeline schedule"),
         KeySpec("p2p_cache_shape", Bool(), True, "cache the shapes sent between stages"),
         KeySpec("enable_partial_send_recv", Bool(), True, "send slices between stages"),
+        KeySpec("micro_batch", Int(1), 1, "micro-batches per batch (Paddle 2.0's key)"),
     )
 )
 SHARDING_CONFIGS = Config(
@@ -143,6 +146,32 @@ TENSOR_PARALLEL_CONFIGS = Config(
         KeySpec("tensor_init_seed", Int(-1), -1, "seed of the split weights' initialisation"),
     )
 )
+MP_CONFIGS = Config(
+    (
+        KeySpec(
+            "sync_param", Bool(), False, "broadcast the parameters in the tensor-parallel group"
+        ),
+        KeySpec("sync_grad", Bool(), False, "synchronise gradients in the tensor-parallel group"),
+        KeySpec("sync_moment", Bool(), False, "synchronise optimizer moments in that group"),
+        KeySpec("sync_mode", Choice(("broadcast", "average")), "broadcast", "how they are synced"),
+        KeySpec(
+            "sync_param_name",
+            StrList(),
+            ["embedding", "layer_norm", ".b_"],
+            "name patterns of the parameters synchronised",
+        ),
+        KeySpec("need_broadcast_data", Bool(), True, "broadcast the input data in that group"),
+        KeySpec("mp_async_allreduce", Bool(), False, "overlap its allreduce with backward"),
+        KeySpec("mp_skip_c_identity", Bool(), False, "with mp_async_allreduce: skip c_identity"),
+        KeySpec(
+            "mp_fused_linear_param_grad_add",
+            Bool(),
+            False,
+            "with mp_async_allreduce: fuse the weight-gradient accumulation",
+        ),
+    )
+)
+"""Paddle's ``hybrid_configs['mp_configs']``: settings of tensor (model) parallelism."""
 HYBRID_DEGREES = ("mp_degree", "pp_degree", "sharding_degree", "sep_degree")
 HYBRID_CONFIGS = Config(
     (
@@ -152,7 +181,25 @@ HYBRID_CONFIGS = Config(
         KeySpec("sharding_degree", Int(1), 1, "ranks the optimizer state is split over"),
         KeySpec("sep_degree", Int(1), 1, "sequence-parallel ranks"),
         KeySpec(
-            "order", StrList(), ["dp", "pp", "sharding", "sep", "mp"], "order of the rank axes"
+            "order",
+            StrList(),
+            ["dp", "pp", "sharding", "sep", "mp"],
+            "order of the rank axes (also Strategy.hybrid_parallel_order, as in Paddle)",
+        ),
+        KeySpec(
+            "mp_configs",
+            SubConfig(MP_CONFIGS),
+            MP_CONFIGS.defaults(),
+            "tensor-parallel settings, Paddle's MpConfig (merged over the current ones)",
         ),
     )
 )
+TRAINER_DESC_CONFIGS = Config(
+    (
+        KeySpec("dump_fields_path", Str(), "", "directory of the dumped fields"),
+        KeySpec("dump_fields", StrList(), [], "variables dumped each step"),
+        KeySpec("dump_param", StrList(), [], "parameters dumped each step"),
+        KeySpec("stat_var_names", StrList(), [], "variables whose statistics are collected"),
+    )
+)
+"""Paddle's ``trainer_desc_configs``: what its static-graph trainer dumps while it trains."""

@@ -20,6 +20,7 @@ from longboat.strategy.changes import (
     ENV_SOURCE,
     FILE,
     GROUP_KEYS,
+    KEY_ALIASES,
     KNOWN_ENV_VARS,
     NESTED_KEY,
     Change,
@@ -127,6 +128,9 @@ class Strategy:
             if change.key is None:
                 values[change.field] = value
             else:
+                current = values[change.field][change.key]
+                if isinstance(current, dict) and isinstance(value, dict):
+                    value = {**current, **value}  # a nested config: merged, as Paddle does
                 values[change.field][change.key] = value
             sources[path] = change.source
             changed.append(change.field)
@@ -152,10 +156,13 @@ class Strategy:
     # -- attribute access ---------------------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
+        if name.startswith("_") and name not in ALIASES:
             raise AttributeError(name)
         if name in GROUP_KEYS:
             return GroupView(self, GROUP_KEYS[name])
+        if name in KEY_ALIASES:
+            field, key = KEY_ALIASES[name]
+            return ConfigView(self, field)[key]
         name = ALIASES.get(name, name)
         spec = field_spec(name)
         if spec.is_config:
@@ -163,10 +170,11 @@ class Strategy:
         return outward(self._values[name])
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
+        if name in _PRIVATE or (name.startswith("__") and name.endswith("__")):
             object.__setattr__(self, name, value)
             return
-        if name not in GROUP_KEYS and ALIASES.get(name, name) not in FIELDS:
+        known = name in GROUP_KEYS or name in KEY_ALIASES or ALIASES.get(name, name) in FIELDS
+        if not known:
             error = unknown_name_error("Strategy field", name, attribute_names())
             raise UnknownAttributeError(
                 f"{name!r} is not an attribute of DistributedStrategy: {error}"
@@ -363,6 +371,14 @@ class Strategy:
 
 
 DistributedStrategy = Strategy
+
+_PRIVATE = frozenset(
+    name
+    for klass in Strategy.__mro__
+    for name in vars(klass).get("__annotations__", {})
+    if name.startswith("_")
+)
+"""The private attributes a Strategy keeps its state in: the only ``_`` names it accepts."""
 
 _clash = {s.name for s in FIELDS.static} & set(dir(Strategy))
 assert not _clash, f"Strategy fields shadowed by methods: {_clash}"

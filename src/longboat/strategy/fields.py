@@ -22,6 +22,7 @@ from longboat.strategy.configs import (
     RECOMPUTE_CONFIGS,
     SHARDING_CONFIGS,
     TENSOR_PARALLEL_CONFIGS,
+    TRAINER_DESC_CONFIGS,
 )
 from longboat.strategy.registered import FieldTable, algorithm_names, compressor_names
 from longboat.strategy.sparse_tables import TableConfigs
@@ -32,6 +33,7 @@ from longboat.strategy.spec import (
     no_effect,
     not_applicable,
     outside_data_parallel,
+    refused_when_used,
 )
 from longboat.strategy.values import (
     Bool,
@@ -101,6 +103,17 @@ _STATIC: tuple[FieldSpec, ...] = (
         mapped(
             "the SparseEmbedding with that name (optimizer, hparams, init_scale, lazy, "
             "evict_after), applied by lb.distribute in mode ps; other keys are refused"
+        ),
+    ),
+    FieldSpec(
+        "trainer_desc_configs",
+        TRAINER_DESC_CONFIGS,
+        None,
+        "what Paddle's parameter-server trainer dumps to files while it trains",
+        refused_when_used(
+            "Paddle's static-graph trainer writes these variables to dump files each step; "
+            "with longboat your own training loop runs, so save what you need there "
+            "(torch.save)"
         ),
     ),
     FieldSpec(
@@ -231,9 +244,11 @@ _STATIC: tuple[FieldSpec, ...] = (
         "use cuDNN's persistent spatial batch-norm kernel",
         not_applicable(
             "PyTorch chooses the cuDNN batch-norm kernel itself (the persistent one for "
-            "channels_last inputs) and offers no switch to change that; remove this setting"
+            "channels_last inputs) and offers no switch to change that; both values are "
+            "Paddle defaults (True before 2.1, False since) and are accepted, with no effect"
         ),
         per_rank=True,
+        paddle_defaults=(False,),
     ),
     FieldSpec(
         "amp",
@@ -412,7 +427,8 @@ _STATIC: tuple[FieldSpec, ...] = (
         "degrees of Paddle's hybrid parallelism; only dp_degree (data parallelism) is accepted",
         outside_data_parallel(
             "mp_degree, pp_degree, sharding_degree and sep_degree above 1 split the model or "
-            "its optimizer state; " + _ONE_REPLICA
+            "its optimizer state, and mp_configs configures the split of tensor parallelism; "
+            + _ONE_REPLICA
         ),
     ),
     # ---- BuildStrategy ------------------------------------------------------------------
@@ -526,6 +542,7 @@ _STATIC: tuple[FieldSpec, ...] = (
             "to drop; remove this setting"
         ),
         group="ExecutionStrategy",
+        paddle_defaults=(100,),  # a Paddle ExecutionStrategy object's default
     ),
     FieldSpec(
         "num_iteration_per_run",
@@ -537,6 +554,7 @@ _STATIC: tuple[FieldSpec, ...] = (
             "remove this setting and loop in your training code"
         ),
         group="ExecutionStrategy",
+        paddle_defaults=(1,),  # Paddle's default: one iteration per run, as a PyTorch loop
     ),
     FieldSpec(
         "use_thread_barrier",

@@ -6,6 +6,11 @@ The layout is that of Paddle's ``DistributedStrategy`` message: ``name: value`` 
 strings quoted, bools lowercase, a list as one line per element, and the sparse tables as
 repeated ``downpour_table_param { table_name: "..." ... }`` blocks. Only the parts of the text
 format such files use are read (no ``<...>`` messages, no extensions, no ``Any``).
+
+Paddle writes every field that was ever assigned, defaults included (its ``build_strategy`` and
+``execution_strategy`` setters copy a whole Paddle object). Fields longboat does not have are
+read when they hold Paddle's default (``PADDLE_ONLY``) and ignored; any other value of them is
+refused, naming the field and its line.
 """
 
 from __future__ import annotations
@@ -18,11 +23,42 @@ from typing import Any
 
 from longboat.strategy.changes import ALIASES, GROUP_KEYS, NESTED_KEY
 from longboat.strategy.fields import FIELDS
-from longboat.strategy.values import Config, FloatList, IntList, StrategyError, StrList, closest
+from longboat.strategy.values import (
+    Config,
+    FloatList,
+    IntList,
+    StrategyError,
+    StrList,
+    SubConfig,
+    closest,
+)
 
 TABLES_FIELD, TABLES_BLOCK = "sparse_table_configs", "downpour_table_param"
 _MODES = {"COLLECTIVE": "collective", "PS": "ps"}
 _LIST_TYPES = (StrList, IntList, FloatList)
+
+PADDLE_ONLY: dict[str, Any] = {
+    "without_graph_optimization": False,
+    "fuse_grad_size_in_num": 8,
+    "calc_comm_same_stream": False,
+    "asp": False,
+    "fuse_grad_merge": False,
+    "semi_auto": False,
+    "adam_d2sum": True,
+    "auto_search": False,
+    "heter_ccl_mode": False,
+    "gradient_scale_configs": {"scale_strategy": "avg", "scale_gradient": False},
+    "build_strategy": {
+        "fix_op_run_order": False,
+        "allow_cuda_graph_capture": False,
+        "reduce_strategy": 0,  # AllReduce, what longboat does
+    },
+    # 0: Paddle picks the thread count, i.e. torch's own default: nothing to set
+    "execution_strategy": {"num_threads": 0},
+}
+"""Paddle's ``DistributedStrategy`` fields that longboat does not have (or, in the group
+blocks, values it cannot hold), with the default value a prototxt written by Paddle holds
+when they were never changed: read and ignored at that value."""
 
 # ---- writing -------------------------------------------------------------------------------
 
@@ -70,6 +106,19 @@ def _table_lines(table: str, settings: Mapping[str, Any], indent: str) -> list[s
     return _block(TABLES_BLOCK, body, indent)
 
 
+def _config_lines(value: Mapping[str, Any], default: Mapping[str, Any], indent: str) -> list[str]:
+    """The keys of a config that differ from ``default``; nested configs as blocks."""
+    out: list[str] = []
+    for key, item in value.items():
+        if item == default[key]:
+            continue
+        if isinstance(item, dict):
+            out += _block(key, _config_lines(item, default[key], indent + "  "), indent)
+        else:
+            out += _lines(key, item, indent)
+    return out
+
+
 def dumps(values: Mapping[str, Any]) -> str:
     """``values`` (``Strategy.to_dict()``) as prototxt; only what differs from the defaults."""
     top: list[str] = []
@@ -77,8 +126,7 @@ def dumps(values: Mapping[str, Any]) -> str:
     for name, spec in FIELDS.items():
         value = values[name]
         if spec.is_config:
-            keys = [k for k in value if value[k] != spec.default[k]]
-            top += _block(name, [x for k in keys for x in _lines(k, value[k], "  ")], "")
+            top += _block(name, _config_lines(value, spec.default, "  "), "")
         elif value == spec.default:
             continue
         elif name == "mode":
@@ -250,8 +298,49 @@ def _plain(value: Any) -> Any:
 def _config(name: str, entries: list[_Entry]) -> dict[str, Any]:
     config = FIELDS[name].type
     assert isinstance(config, Config)
+    return _config_of(config, entries)
+
+
+def _config_of(config: Config, entries: list[_Entry]) -> dict[str, Any]:
+    """A config block's keys; a nested config (``mp_configs { }``) as a dict."""
     lists = tuple(k.name for k in config.keys if isinstance(k.type, _LIST_TYPES))
-    return {k: _plain(v) for k, (v, _) in _merge(entries, lists).items()}
+    out: dict[str, Any] = {}
+    for k, (v, _) in _merge(entries, lists).items():
+        key = config.key(k)
+        if key is not None and isinstance(key.type, SubConfig) and (_is_message(v) or v == []):
+            out[k] = _config_of(key.type.config, v)
+        else:
+            out[k] = _plain(v)
+    return out
+
+
+def _paddle_default(name: str, value: Any, defaults: Mapping[str, Any]) -> bool:
+    """Whether ``name: value`` is a Paddle-only field at Paddle's default (``PADDLE_ONLY``)."""
+    if name not in defaults:
+        return False
+    default = defaults[name]
+    if isinstance(default, dict):
+        if not _is_message(value):
+            return False
+        given = {k: _plain(v) for k, (v, _) in _merge(value).items()}
+        return all(k in default and v == default[k] for k, v in given.items())
+    return type(_plain(value)) is type(default) and _plain(value) == default
+
+
+def _group(key: str, entries: list[_Entry], where: str) -> dict[str, Any]:
+    """A ``build_strategy`` / ``execution_strategy`` block, less Paddle's own defaults."""
+    skip = PADDLE_ONLY.get(NESTED_KEY.get(GROUP_KEYS[key], key), {})
+    out: dict[str, Any] = {}
+    for k, (v, line) in _merge(entries).items():
+        if _paddle_default(k, v, skip):
+            continue
+        if k in skip and k not in FIELDS:
+            raise StrategyError(
+                f"{where}:{line}: {key} field {k!r}: {v!r} is Paddle's, which longboat does not "
+                f"have; only its default ({_scalar(skip[k])}) is accepted (and ignored)"
+            )
+        out[k] = _plain(v)
+    return out
 
 
 def _table(entries: list[_Entry], where: str) -> tuple[str, dict[str, Any]]:
@@ -276,6 +365,14 @@ def _table(entries: list[_Entry], where: str) -> tuple[str, dict[str, Any]]:
 
 
 def _unknown(name: str, line: int, where: str, known: list[str]) -> StrategyError:
+    if name in PADDLE_ONLY:
+        default = PADDLE_ONLY[name]
+        shown = _scalar(default) if not isinstance(default, dict) else "its defaults"
+        return StrategyError(
+            f"{where}:{line}: unknown DistributedStrategy field {name!r}: a Paddle field that "
+            f"longboat does not have; only Paddle's default ({shown}) is accepted (and "
+            "ignored), remove it from the file"
+        )
     best = closest(name, known)
     hint = f"; did you mean {best!r}?" if best else ""
     return StrategyError(
@@ -297,13 +394,12 @@ def loads(text: str, where: str = "prototxt") -> dict[str, Any]:
         if e.name in out:
             raise StrategyError(f"{where}:{e.line}: {e.name!r} is given more than once")
         if e.name in GROUP_KEYS:
-            out[e.name] = {
-                k: _plain(v)
-                for k, (v, _) in _merge(e.value if _is_message(e.value) else []).items()
-            }
+            out[e.name] = _group(e.name, e.value if _is_message(e.value) else [], where)
             continue
         name = ALIASES.get(e.name, e.name)
         spec = FIELDS.get(name)
+        if spec is None and _paddle_default(e.name, e.value, PADDLE_ONLY):
+            continue
         if spec is None:
             raise _unknown(e.name, e.line, where, known)
         if spec.is_config:

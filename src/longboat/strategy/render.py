@@ -12,7 +12,7 @@ from longboat.strategy.conflicts import CONFLICTS
 from longboat.strategy.fields import FIELDS
 from longboat.strategy.registered import COMPRESSION_FIELD
 from longboat.strategy.spec import GROUPS
-from longboat.strategy.values import Config
+from longboat.strategy.values import Config, SubConfig
 
 ALL_DEFAULTS = "all fields at their defaults"
 TABLE_WIDTH = 110
@@ -89,6 +89,19 @@ def config_markdown() -> str:
         if not isinstance(spec.type, Config):
             continue
         for key in spec.type.keys:
+            if isinstance(key.type, SubConfig):  # one row per key of the nested config
+                rows.append((f"`{spec.name}`", f"`{key.name}`", "dict", "see below", key.doc))
+                rows += [
+                    (
+                        f"`{spec.name}`",
+                        f"`{key.name}.{sub.name}`",
+                        sub.type.short,
+                        _code(sub.default),
+                        sub.doc,
+                    )
+                    for sub in key.type.config.keys
+                ]
+                continue
             rows.append(
                 (f"`{spec.name}`", f"`{key.name}`", key.type.short, _code(key.default), key.doc)
             )

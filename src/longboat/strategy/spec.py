@@ -83,6 +83,12 @@ def outside_data_parallel(reason: str) -> Status:
     return Status("not applicable", note=f"outside data parallelism: {reason}", refused_at="use")
 
 
+def refused_when_used(reason: str) -> Status:
+    """No PyTorch meaning, but kept so that scripts and files load: a non-default value is
+    refused when the strategy is used, with ``reason``."""
+    return Status("not applicable", note=reason, refused_at="use")
+
+
 def no_effect(reason: str) -> Status:
     """A Paddle graph-pass switch with no PyTorch counterpart: accepted, warned about once."""
     return Status("not applicable", note=reason, refused_at="warn")
@@ -107,6 +113,10 @@ class FieldSpec:
     # True: acts on its own process only and may differ between ranks; every other field
     # shapes what ranks exchange and must agree (checked by lb.distribute)
     per_rank: bool = False
+    # other values accepted like the default, never refused nor warned about: Paddle's own
+    # defaults where they differ from longboat's (another Paddle version, or the value a
+    # Paddle ExecutionStrategy object holds), which Paddle writes into its prototxt files
+    paddle_defaults: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.type, Config):
@@ -121,6 +131,12 @@ class FieldSpec:
                 vtype.check(default)
             except Rejected:
                 raise TypeError(f"bad default for Strategy field {label}: {default!r}") from None
+
+    def at_default(self, value: Any) -> bool:
+        """Whether ``value`` is the default or one of Paddle's defaults (``paddle_defaults``)."""
+        return value == self.default or any(
+            type(value) is type(d) and value == d for d in self.paddle_defaults
+        )
 
     @property
     def env_var(self) -> str:
@@ -140,11 +156,15 @@ class FieldSpec:
         return [self.status, *(s for _, s in self.value_status)]
 
     def status_text(self) -> str:
-        """Status line for docs, including per-value overrides."""
-        if not self.value_status:
-            return self.status.text()
-        extra = "; ".join(f"{v!r}: {s.text()}" for v, s in self.value_status)
-        return f"{self.default!r}: {self.status.text()}; {extra}"
+        """Status line for docs, including per-value overrides and Paddle's defaults."""
+        text = self.status.text()
+        if self.value_status:
+            extra = "; ".join(f"{v!r}: {s.text()}" for v, s in self.value_status)
+            text = f"{self.default!r}: {text}; {extra}"
+        if self.paddle_defaults:
+            shown = ", ".join(repr(v) for v in self.paddle_defaults)
+            text += f" (Paddle's default {shown} is accepted like the default)"
+        return text
 
 
 Values = Mapping[str, Any]

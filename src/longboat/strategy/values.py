@@ -25,12 +25,20 @@ class UnknownAttributeError(UnknownFieldError, TypeError):
     """Assignment to an attribute the Strategy does not have (a TypeError, as in Paddle)."""
 
 
+class StrategyTypeError(StrategyError, TypeError):
+    """A value of the wrong type (also a TypeError, as Paddle's ``fp16_allreduce`` raises)."""
+
+
 class Rejected(Exception):
     """Raised by ``ValueType.check``; the caller turns it into a StrategyError with context."""
 
     def __init__(self, detail: str = "") -> None:
         super().__init__(detail)
         self.detail = detail
+
+
+class WrongType(Rejected):
+    """``Rejected`` because of the value's type (the caller raises ``StrategyTypeError``)."""
 
 
 def closest(name: str, candidates: Iterable[str]) -> str | None:
@@ -108,7 +116,7 @@ class Bool(ValueType):
 
     def check(self, value: Any) -> bool:
         if not isinstance(value, bool):
-            raise Rejected()
+            raise WrongType()
         return value
 
     def parse(self, text: str) -> bool:
@@ -132,8 +140,8 @@ class Int(ValueType):
         return "int" + _range_text(self.lo, self.hi, False, False)
 
     def check(self, value: Any) -> int:
-        if isinstance(value, bool):
-            raise Rejected()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise WrongType()
         integral = isinstance(value, float) and value.is_integer()
         if not (isinstance(value, numbers.Integral) or integral):
             raise Rejected()
@@ -166,7 +174,7 @@ class Float(ValueType):
 
     def check(self, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise Rejected()
+            raise WrongType()
         number = float(value)
         if not math.isfinite(number):
             raise Rejected("not finite")
@@ -192,7 +200,9 @@ class Choice(ValueType):
         return "one of " + ", ".join(repr(c) for c in self.choices)
 
     def check(self, value: Any) -> str:
-        if not isinstance(value, str) or value not in self.choices:
+        if not isinstance(value, str):
+            raise WrongType()
+        if value not in self.choices:
             raise Rejected()
         return value
 
@@ -250,6 +260,21 @@ class OptionalPath(ValueType):
 
 
 @dataclass(frozen=True)
+class Str(ValueType):
+    """Any string (may be empty)."""
+
+    short: str = "str"
+
+    def check(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise WrongType()
+        return value
+
+    def parse(self, text: str) -> str:
+        return text
+
+
+@dataclass(frozen=True)
 class StrList(ValueType):
     """A list of strings (tuples accepted; a bare string is rejected)."""
 
@@ -257,7 +282,7 @@ class StrList(ValueType):
 
     def check(self, value: Any) -> list[str]:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise Rejected()
+            raise WrongType()
         return list(value)
 
     def plain(self, value: Any) -> list[str]:
@@ -344,3 +369,40 @@ class Config:
 
     def plain(self, value: Mapping[str, Any]) -> dict[str, Any]:
         return {k.name: k.type.plain(value[k.name]) for k in self.keys}
+
+
+@dataclass(frozen=True)
+class SubConfig(ValueType):
+    """A config key that is itself a dict of typed keys (Paddle's ``hybrid_configs
+    ['mp_configs']``). ``check`` returns only the keys given, checked: the Strategy merges
+    them over the current values, as Paddle does."""
+
+    config: Config = Config(())
+
+    @property
+    def short(self) -> str:  # type: ignore[override]
+        return "dict with keys " + ", ".join(self.config.names())
+
+    def check(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise WrongType()
+        out: dict[str, Any] = {}
+        for name, item in value.items():
+            key = self.config.key(str(name))
+            if key is None:
+                best = closest(str(name), self.config.names())
+                hint = f"did you mean {best!r}? " if best else ""
+                raise Rejected(
+                    f"unknown key {name!r}; {hint}valid keys: {', '.join(self.config.names())}"
+                )
+            try:
+                out[key.name] = key.type.check(item)
+            except Rejected as rejected:
+                detail = f" ({rejected.detail})" if rejected.detail else ""
+                raise type(rejected)(
+                    f"key {key.name!r} must be {key.type.describe()}, got {item!r}{detail}"
+                ) from None
+        return out
+
+    def plain(self, value: Mapping[str, Any]) -> dict[str, Any]:
+        return self.config.plain(value)

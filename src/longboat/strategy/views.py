@@ -15,7 +15,13 @@ from longboat.strategy.changes import (
 )
 from longboat.strategy.fields import FIELDS
 from longboat.strategy.spec import Group
-from longboat.strategy.values import Config, StrategyError, unknown_name_error
+from longboat.strategy.values import (
+    Config,
+    StrategyError,
+    SubConfig,
+    UnknownAttributeError,
+    unknown_name_error,
+)
 
 if TYPE_CHECKING:
     from longboat.strategy.core import Strategy
@@ -56,6 +62,9 @@ class ConfigView(MutableMapping[str, Any]):
     def __getitem__(self, key: str) -> Any:
         if key not in self:
             raise unknown_name_error(f"Strategy.{self._field} key", str(key), self._config.names())
+        spec = self._config.key(key)
+        if spec is not None and isinstance(spec.type, SubConfig):
+            return SubConfigView(self._strategy, self._field, key, spec.type)
         return outward(self._strategy._values[self._field][key])
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -82,6 +91,61 @@ class ConfigView(MutableMapping[str, Any]):
 
     def __repr__(self) -> str:
         return repr(FIELDS[self._field].type.plain(self._strategy._values[self._field]))
+
+
+class SubConfigView(MutableMapping[str, Any]):
+    """Live, validating view of a config key that is itself a config (``hybrid_configs
+    ['mp_configs']``); keys read and write as items or, as on Paddle's message, attributes."""
+
+    __slots__ = ("_field", "_key", "_strategy", "_type")
+
+    def __init__(self, strategy: Strategy, field: str, key: str, vtype: SubConfig) -> None:
+        object.__setattr__(self, "_strategy", strategy)
+        object.__setattr__(self, "_field", field)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_type", vtype)
+
+    def _label(self) -> str:
+        return f"Strategy.{self._field}[{self._key!r}] key"
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self:
+            raise unknown_name_error(self._label(), str(name), self._type.config.names())
+        return outward(self._strategy._values[self._field][self._key][name])
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._strategy._apply([Change(self._field, self._key, {name: value}, CODE, "")])
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self:
+            error = unknown_name_error(self._label(), name, self._type.config.names())
+            raise UnknownAttributeError(f"{name!r} is not an attribute of {self._key}: {error}")
+        self[name] = value
+
+    def __delitem__(self, name: str) -> NoReturn:
+        raise StrategyError(f"cannot delete {self._label()} {name!r}; assign its default instead")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._type.config.names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._type.config.names())
+
+    def __len__(self) -> int:
+        return len(self._type.config.keys)
+
+    def __eq__(self, other: object) -> bool:
+        return dict(self) == other if isinstance(other, dict | SubConfigView) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._type.plain(self._strategy._values[self._field][self._key]))
 
 
 class GroupView(MutableMapping[str, Any]):
