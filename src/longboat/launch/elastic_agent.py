@@ -19,6 +19,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,20 +30,61 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerGroup,
     WorkerState,
 )
+from torch.distributed.elastic.multiprocessing import SignalException
 
 from longboat.cluster.env import variable
+from longboat.elastic.failures import describe
 from longboat.elastic.membership import (
     Membership,
     acknowledged,
     regroup_requests,
     write_membership,
 )
-from longboat.launch.rendezvous import STORE_READ_TIMEOUT_S, lost_participants, synced_round
+from longboat.launch.rendezvous import (
+    POLL_S,
+    STORE_READ_TIMEOUT_S,
+    lost_participants,
+    rendezvous_closed,
+    synced_round,
+)
 from longboat.launch.store_watchdog import StoreWatchdog
 from longboat.launch.supervisor import WatchedAgent
 
 _TOKEN_KEY = "longboat/round-token"
 _NODE_KEY = "longboat/node/"
+_EXIT_KEY = "longboat/exit/"
+
+
+def exit_barrier(
+    store: Any,
+    size: int,
+    gone: Callable[[], str],
+    timeout: float,
+    bounded: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    poll: float = POLL_S,
+) -> str:
+    """Check in at the exit barrier of a round of ``size`` nodes (``store``: the round's) and
+    wait for the others: '' once all checked in, else why the wait ended early: ``gone()``'s
+    reason (polled between short store calls, each under ``bounded()``), or the timeout.
+
+    It sleeps in Python between polls, so a signal handler runs at once.
+    """
+    arrived, everyone = f"{_EXIT_KEY}arrived", f"{_EXIT_KEY}everyone"
+    with bounded():
+        if store.add(arrived, 1) >= size:
+            store.set(everyone, "1")
+    deadline = time.monotonic() + timeout
+    while True:
+        with bounded():
+            if store.check([everyone]):
+                return ""
+        reason = gone()
+        if reason:
+            with bounded():  # the last one may have checked in meanwhile
+                return "" if store.check([everyone]) else reason
+        if time.monotonic() > deadline:
+            return f"not every node finished within {timeout:.0f} s"
+        time.sleep(poll)
 
 
 @dataclass(frozen=True)
@@ -188,6 +230,50 @@ class ElasticAgent(WatchedAgent):
         if synced_round(handler) not in (None, self._round):
             # our heartbeats came late and the others went on to a new round without us
             return "the rendezvous moved on to a new round"
+        return ""
+
+    def _exit_barrier(self) -> None:
+        """Wait for the other nodes of this round to finish (see `exit_barrier`). When the wait
+        ends without them, say why and leave the rendezvous open for the nodes that go on."""
+        group = self._worker_group
+        handler = group.spec.rdzv_handler
+        self._in_exit_barrier = True  # torch's health check reads it
+        try:
+            reason = exit_barrier(
+                self._store,
+                group.group_world_size,
+                lambda: self._peers_gone(handler, group.group_world_size),
+                self._exit_barrier_timeout,
+                self._store_watch.bounded,
+            )
+        except SignalException:
+            raise
+        except Exception as exc:  # the store's host is gone: so is everyone's rendezvous
+            reason = f"the rendezvous store failed ({describe(exc)})"
+        finally:
+            self._in_exit_barrier = False
+        if not reason:
+            return
+        if hasattr(handler, "leave_open"):
+            handler.leave_open()
+        if self._on_note is not None:
+            token = self._membership.token if self._membership is not None else "?"
+            self._on_note(
+                f"this node's ranks finished, but the other nodes of round {token} did not "
+                f"finish with them ({reason}); not waiting for them"
+            )
+
+    def _peers_gone(self, handler: Any, size: int) -> str:
+        """Why a node of this round can no longer reach the exit barrier ('' if none)."""
+        with self._store_watch.bounded():
+            handler.num_nodes_waiting()  # syncs the rendezvous state
+        if rendezvous_closed(handler):
+            return "the rendezvous was closed: the job finished without this node"
+        lost = lost_participants(handler, size)
+        if lost:
+            return f"{lost} node{'s' if lost != 1 else ''} of the round left the rendezvous"
+        if synced_round(handler) not in (None, self._round):
+            return "the rendezvous moved on to a round without this node"
         return ""
 
     def _lost_store(self, seconds: float) -> None:

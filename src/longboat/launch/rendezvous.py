@@ -10,6 +10,10 @@ every `KEEP_ALIVE_S`, a node silent for `KEEP_ALIVE_S` x `KEEP_ALIVE_ATTEMPTS` c
 
 torch hard-codes the one-second poll (``_delay(seconds=1)`` in its op executor, and a one
 second state cache); both are shortened for handlers of this process only.
+
+A node that ends without the other nodes of its round (they went on to a later round, or were
+lost) calls `LongboatHandler.leave_open`: its shutdown then only stops its heartbeats, so that
+the nodes that go on are not told the job is over.
 """
 
 from __future__ import annotations
@@ -49,6 +53,25 @@ def _poll_delay(seconds: float | tuple[float, float]) -> None:
     _torch_delay(seconds=POLL_S if seconds == 1 else seconds)
 
 
+class LongboatHandler(_dynamic.DynamicRendezvousHandler):
+    """torch's c10d handler whose ``shutdown`` can leave the rendezvous open."""
+
+    _leave_open = False
+
+    def leave_open(self) -> None:
+        """From now on ``shutdown`` stops this node's heartbeats and does not close the
+        rendezvous (torch closes it: a node that finished means the job finished)."""
+        self._leave_open = True
+
+    def shutdown(self) -> bool:
+        """torch's shutdown, or, after `leave_open`, this node's heartbeats stopped only (the
+        others drop it once they expire)."""
+        if not self._leave_open:
+            return super().shutdown()
+        self._stop_heartbeats()
+        return True
+
+
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     """torch's c10d handler for ``params`` (join timeout from ``join_timeout``), with the
     timings above."""
@@ -68,7 +91,7 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     node = _dynamic.DynamicRendezvousHandler._node_desc_generator.generate(params.local_addr)
     holder = _dynamic._BackendRendezvousStateHolder(backend, settings, cache_duration=POLL_S)
     _dynamic._delay = _poll_delay
-    return _dynamic.DynamicRendezvousHandler(node, settings, BACKEND, store, holder)
+    return LongboatHandler(node, settings, BACKEND, store, holder)
 
 
 def register() -> None:
@@ -94,6 +117,12 @@ def lost_participants(handler: Any, round_nodes: int) -> int:
     if not isinstance(participants, dict) or not getattr(state, "complete", False):
         return 0
     return max(0, round_nodes - len(participants))
+
+
+def rendezvous_closed(handler: Any) -> bool:
+    """Whether the handler's last synced state says the rendezvous was closed (a node finished
+    the job and shut it down)."""
+    return bool(getattr(_synced_state(handler), "closed", False))
 
 
 def _synced_state(handler: Any) -> object:
