@@ -33,10 +33,17 @@ class LocalCluster:
     port: int = field(default_factory=free_port)
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
 
-    def start(self) -> int:
-        """Start one more node; returns its index (its log dir is ``root/node<i>``)."""
+    def start(self, **env: str) -> int:
+        """Start one more node, with ``env`` on top of the cluster's; returns its index (its
+        log dir is ``root/node<i>``, its ranks see ``PROBE_NODE=<i>``)."""
         index = len(self.procs)
-        env = dict(os.environ, **self.env, PROBE_PID_DIR=str(self.pid_dir))
+        env = dict(
+            os.environ,
+            **self.env,
+            **{k: str(v) for k, v in env.items()},
+            PROBE_PID_DIR=str(self.pid_dir),
+            PROBE_NODE=str(index),
+        )
         self.procs.append(
             subprocess.Popen(
                 [
@@ -94,6 +101,19 @@ class LocalCluster:
             text, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
             out.append((proc.returncode, text))
         return out
+
+    def leave(self, index: int, timeout: float = 60) -> int:
+        """SIGTERM node ``index``'s launcher and ranks (the node leaves); its exit code. A node
+        still running after ``timeout`` is killed and the wait fails."""
+        proc = self.procs[index]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
 
     def stop(self) -> None:
         """SIGTERM every launcher (its agent stops its ranks), then SIGKILL what is left."""

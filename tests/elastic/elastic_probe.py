@@ -2,12 +2,17 @@
 
 Environment: PROBE_OUT (rank 0 writes the final parameters and history there as JSON),
 PROBE_EPOCHS, PROBE_SAMPLES, PROBE_BATCH, PROBE_SLEEP (seconds per step, to leave time for
-faults), PROBE_WAIT_FOR_WORLD="W@K" (at commit K, wait until W ranks run: a node joins there), PROBE_DIE="GROUP_RANK@COMMIT" (that node's rank kills its launcher and itself once the
-job reached that many commits: a node lost as a whole).
+faults), PROBE_WAIT_FOR_WORLD="W@K[,W@K...]" (at commit K, wait until the world has W ranks:
+a node joins or leaves there), PROBE_DIE="GROUP_RANK@COMMIT" (that node's rank kills its
+launcher and itself once the job reached that many commits: a node lost as a whole),
+PROBE_QUIT_AT=K (this rank ends at commit K with exit code 0, as if its training were done),
+PROBE_DIGESTS (a directory: every rank appends a JSON line to ``digests-<pid>.jsonl`` each time
+``train`` starts, i.e. after every sync of the state, and once at the end with its parameters).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -18,12 +23,22 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 import longboat as lb
+from longboat.elastic.world import joined_round
 
 SAMPLES = int(os.environ.get("PROBE_SAMPLES", "96"))
 BATCH = int(os.environ.get("PROBE_BATCH", "4"))
 EPOCHS = int(os.environ.get("PROBE_EPOCHS", "1"))
 SLEEP = float(os.environ.get("PROBE_SLEEP", "0"))
-WAIT_FOR = os.environ.get("PROBE_WAIT_FOR_WORLD", "")  # "WORLD@COMMIT"
+WAIT_FOR = {
+    int(at): int(world)
+    for world, _, at in (
+        spec.partition("@")
+        for spec in os.environ.get("PROBE_WAIT_FOR_WORLD", "").split(",")
+        if spec
+    )
+}  # commit -> world size to wait for there
+QUIT_AT = int(os.environ.get("PROBE_QUIT_AT", "-1"))
+DIGESTS = os.environ.get("PROBE_DIGESTS", "")
 
 
 def data(samples: int = SAMPLES) -> TensorDataset:
@@ -67,16 +82,49 @@ def maybe_die(commits: int) -> None:
 
 
 def wait_for_world(state: lb.elastic.State) -> None:
-    """Hold the job at commit K until a node joined (the membership check raises then)."""
-    if not WAIT_FOR:
+    """Hold the job at commit K until the world has W ranks (a node joined: the membership
+    check raises; a node left: the check fails as a lost peer)."""
+    world = WAIT_FOR.get(state.commits)
+    if world is None:
         return
-    world, _, at = WAIT_FOR.partition("@")
     deadline = time.monotonic() + 120
-    while state.commits == int(at) and dist.get_world_size() < int(world):
+    while dist.get_world_size() != world:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no node joined within 120 s at commit {at}")
+            raise TimeoutError(f"the world did not become {world} within 120 s at {state.commits}")
         time.sleep(0.1)
         state.check_membership()
+
+
+def state_digest(net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """sha256 of the parameters and the optimizer's state tensors, bit for bit (the tests'
+    own reference, independent of ``State.digest``)."""
+    h = hashlib.sha256()
+    tensors = list(net.parameters())
+    for index, entry in sorted(optimizer.state_dict()["state"].items()):
+        for key in sorted(entry):
+            h.update(f"{index}/{key}".encode())
+            tensors.append(torch.as_tensor(entry[key]))
+    for t in tensors:
+        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def record(net: torch.nn.Module, optimizer: torch.optim.Optimizer, **fields: object) -> None:
+    """Append what this rank holds now to its line file in PROBE_DIGESTS."""
+    if not DIGESTS:
+        return
+    joined = joined_round()
+    line = {
+        "pid": os.getpid(),
+        "node": os.environ.get("PROBE_NODE", ""),
+        "token": joined.token if joined is not None else "",
+        "rank": lb.rank(),
+        "world": dist.get_world_size(),
+        "digest": state_digest(net, optimizer),
+        **fields,
+    }
+    with open(os.path.join(DIGESTS, f"digests-{os.getpid()}.jsonl"), "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def main() -> None:
@@ -96,6 +144,13 @@ def main() -> None:
 
     @lb.elastic.run
     def train(state: lb.elastic.State) -> None:
+        record(
+            net,
+            optimizer,
+            commits=state.commits,
+            processed=sampler.processed_indices(),
+            steps=len(state.history),
+        )
         for epoch in range(state.epoch, EPOCHS):
             sampler.set_epoch(epoch)
             for batch_indices, (x, y) in zip(iter_indices(sampler), loader, strict=True):
@@ -108,12 +163,22 @@ def main() -> None:
                 if SLEEP:
                     time.sleep(SLEEP)
                 state.commit()
+                if state.commits == QUIT_AT:
+                    print(f"probe: this rank ends at commit {QUIT_AT}", flush=True)
+                    os._exit(0)
                 wait_for_world(state)
                 maybe_die(state.commits)
                 maybe_hang(state.commits)
             state.epoch = epoch + 1
 
     train(state)
+    record(
+        net,
+        optimizer,
+        commits=state.commits,
+        final=True,
+        params=[p.detach().flatten().tolist() for p in net.parameters()],
+    )
     if lb.rank() == 0 and os.environ.get("PROBE_OUT"):
         params = [p.detach().flatten().tolist() for p in net.parameters()]
         with open(os.environ["PROBE_OUT"], "w") as f:
