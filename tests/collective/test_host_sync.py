@@ -136,3 +136,40 @@ def _deferred_unused(rank: int, world: int) -> str:
         except UnusedParametersError as e:
             return str(e)
     raise AssertionError("no rank reported the unused parameter")
+
+
+def _channels_last(rank: int, world: int) -> dict[str, torch.Tensor]:
+    import longboat as lb
+
+    lb.init()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten())
+    net = net.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    model, opt = lb.distribute(net, opt, lb.Strategy())
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 8, 3, 8, 8, generator=g)
+    for step in range(3):
+        opt.zero_grad()
+        shard = x[step][rank * 4 : (rank + 1) * 4].to(memory_format=torch.channels_last)
+        model(shard).square().mean().backward()
+        for p in net.parameters():
+            assert p.grad.stride() == p.stride(), "the gradient lost the parameter's layout"
+        opt.step()
+    return {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+def test_channels_last_gradients_keep_the_parameter_layout_and_values():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten())
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(3, 8, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    for step in range(3):
+        opt.zero_grad()
+        torch.stack(
+            [net(x[step][r * 4 : (r + 1) * 4]).square().mean() for r in range(2)]
+        ).mean().backward()
+        opt.step()
+    for ranks in run_ranks(_channels_last, 2, timeout=60):
+        for name, p in net.named_parameters():
+            torch.testing.assert_close(ranks[name], p.detach(), rtol=1e-5, atol=1e-6)

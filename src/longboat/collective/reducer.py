@@ -40,6 +40,16 @@ if TYPE_CHECKING:
 _FLAG_DTYPES = (torch.float32, torch.float64)
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill ``numel`` consecutive places in some order (no gaps)."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride(), strict=True), key=lambda p: p[1]):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 class UnusedParametersError(RuntimeError):
     """Some parameters received no gradient on some ranks and find_unused_parameters is off."""
 
@@ -142,10 +152,18 @@ class Reducer:
         return torch.zeros(n, dtype=torch.float32, device=last.buffer.device), True
 
     def _slot_view(self, i: int) -> torch.Tensor:
-        """Parameter i's place in its bucket buffer, shaped like the parameter."""
+        """Parameter i's place in its bucket buffer, with the parameter's shape and strides.
+
+        A channels_last (or otherwise permuted but dense) parameter gets a slot in its own
+        layout: copying its gradient in is a straight copy, and the optimizer later reads
+        ``.grad`` in the layout of the parameter it updates.
+        """
         b, off = self._where[i]
         param = self.params[i]
-        return self._buckets[b].buffer[off : off + param.numel()].view_as(param)
+        buffer = self._buckets[b].buffer
+        if param.is_contiguous() or not _dense(param):
+            return buffer[off : off + param.numel()].view_as(param)
+        return buffer.as_strided(param.shape, param.stride(), buffer.storage_offset() + off)
 
     @property
     def num_buckets(self) -> int:
@@ -217,29 +235,42 @@ class Reducer:
         self._fill(i)
 
     def _fill(self, i: int) -> None:
-        """Put parameter i's gradient, pre-divided, into its bucket slot (zeros if none)."""
-        slot = self._slots[i]
+        """Parameter i's gradient is final: count it, and pack its bucket once all are in."""
         grad = self.params[i].grad
-        if grad is None:
-            slot.zero_()
-        else:
+        if grad is not None:
             if grad.is_sparse:
                 raise RuntimeError(
                     f"parameter {self.names[i]!r} has a sparse gradient; collective mode "
                     "reduces dense gradients only (use sparse=False, or the PS mode)."
                 )
-            if grad.data_ptr() == slot.data_ptr():
-                slot.mul_(self._scale)  # .grad is already the slot: accumulated in place
-            else:
-                torch.mul(grad, self._scale, out=slot)
             self._marks.mark(i)  # host bookkeeping: written to the device once, at launch
         self._ready[i] = True
         bucket = self._buckets[self._where[i][0]]
         bucket.pending -= 1
         if bucket.pending == 0:
+            self._pack(bucket)
             if self.observer is not None:
                 self.observer.bucket_ready(bucket.index)
             self._launch_in_order()
+
+    def _pack(self, bucket: _Bucket) -> None:
+        """Copy the bucket's gradients into its buffer, pre-divided (zeros where none).
+
+        One multi-tensor copy and one scale per bucket: per-gradient kernels launched from
+        Python would make the host, not the GPU, set the pace of backward.
+        """
+        targets, sources = [], []
+        for i in bucket.members:
+            grad, slot = self.params[i].grad, self._slots[i]
+            if grad is None:
+                slot.zero_()
+            elif grad.data_ptr() != slot.data_ptr():  # else accumulated in place already
+                targets.append(slot)
+                sources.append(grad)
+        if targets:
+            torch._foreach_copy_(targets, sources)
+        if self._scale != 1.0:
+            bucket.buffer[: bucket.numel].mul_(self._scale)
 
     def _launch_in_order(self) -> None:
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
