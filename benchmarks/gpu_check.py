@@ -96,6 +96,8 @@ SYNCS: dict[str, tuple[dict[str, Any], int]] = {
     "find_unused_parameters": ({"find_unused_parameters": True}, 1),
 }
 
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode, "warn"
+
 OVERHEAD = [
     ("resnet50", "fp32", {}),
     ("resnet50", "bf16 amp", {"amp": True, "amp_configs": {"dtype": "bfloat16"}}),
@@ -317,8 +319,10 @@ def _syncs_rank(rank: int, world: int, names: list[str]) -> dict[str, Any]:
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
             torch.cuda.synchronize()
-            syncs = [str(w.message)[:120] for w in caught if "synchroniz" in str(w.message)]
-            out[name] = {"steps": 2, "syncs": syncs, "allowed": allowed}
+            messages = [str(w.message) for w in caught]
+            syncs = [m[:120] for m in messages if SYNC_WARNING in m]
+            others = sorted({m[:160] for m in messages if SYNC_WARNING not in m})
+            out[name] = {"steps": 2, "syncs": syncs, "allowed": allowed, "warnings": others}
         except Exception:  # noqa: BLE001 - reported in the table
             out[name] = {"error": traceback.format_exc(limit=-4)}
     return out
@@ -335,7 +339,9 @@ def check_syncs(rows: list[Row]) -> None:
         n, allowed = len(r["syncs"]), r["allowed"]
         ok = n <= allowed * r["steps"]
         mode = "error" if allowed == 0 else f"warn, <= {allowed}/step"
-        rows.append(Row("syncs", name, ok, f"{n} in {r['steps']} steps", f"sync debug mode {mode}"))
+        seen = "; ".join(r["warnings"])
+        detail = f"sync debug mode {mode}" + (f"; other warnings: {seen}" if seen else "")
+        rows.append(Row("syncs", name, ok, f"{n} in {r['steps']} steps", detail))
 
 
 # ---- overhead on one GPU ---------------------------------------------------------------------------
