@@ -43,7 +43,8 @@ def test_a_push_asking_for_the_pull_is_answered_with_the_next_values() -> None:
         with pytest.raises(CallError) as info:
             server.answer("push", _push_pull(0, ["w"]), time.monotonic() + 60)
         assert info.value.code.name == "INVALID_ARGUMENT"
-        assert "'pull' entry must be a pull's meta" in info.value.details
+        assert "'pull' must be an object" in info.value.details
+        assert not server.state.blocks["w"].pending  # refused before the push applied
     finally:
         server.stop(0)
 

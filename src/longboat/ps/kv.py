@@ -59,7 +59,7 @@ class KVClient:
             else Client(servers, token, timeout=timeout)
         )
         self.client.connect()
-        self.trainer, self.trainers, self.sync = trainer, trainers, sync
+        self.trainer, self.trainers, self.sync = trainer, trainers, bool(sync)
         self.optimizer, self.hparams, self.reduce = optimizer, dict(hparams or {}), reduce
         self.min_block_size = min_block_size
         self._layout: dict[str, tuple[torch.Size, torch.dtype, list[tuple[int, int, int]]]] = {}

@@ -5,8 +5,9 @@
 
 Every call must carry the job's token, checked when the call starts, before its body is read
 (``guard.TokenGate``); what callers may hold is bounded (``limits.ServerLimits``); frames are
-size-bounded and checked before use; waits inside a call end at the call's deadline. Binds
-127.0.0.1 unless told otherwise.
+size-bounded, and each request is read by its validator (``schema``) before anything is
+applied: a malformed one is INVALID_ARGUMENT naming the field and changes nothing. Waits inside
+a call end at the call's deadline. Binds 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from typing import Any
 import grpc
 
 from longboat.log import get_logger
-from longboat.ps import auth, checkpoint, guard, wire
+from longboat.ps import auth, checkpoint, guard, schema, wire
 from longboat.ps.client import METHODS, SERVICE, max_message_bytes
 from longboat.ps.limits import ServerLimits
-from longboat.ps.request import PULL_AFTER_PUSH, RequestError, StaleStep, meta_int
+from longboat.ps.request import RequestError, StaleStep
 from longboat.ps.state import ServerState
 from longboat.ps.wire import Message, WireError
 
@@ -104,7 +105,7 @@ class Server:
                 index,
                 endpoint,
             )
-        self._methods: dict[str, Callable[[Message, float], Message | bytes]] = {
+        self._methods: dict[str, Callable[[Any, float], Message | bytes]] = {
             m: getattr(self, f"_do_{m}") for m in METHODS
         }
         self._alarms = guard.Alarms()
@@ -175,20 +176,25 @@ class Server:
 
     def answer(self, method: str, frame: bytes | None, deadline: float) -> bytes:
         """The reply frame to ``frame``, or ``CallError`` with the status for the caller: a
-        malformed or wrong request is INVALID_ARGUMENT naming the problem."""
+        malformed or wrong request is INVALID_ARGUMENT naming the field, and changes nothing
+        (``schema``: read, then checked against the state, before anything is applied)."""
         invalid = grpc.StatusCode.INVALID_ARGUMENT
         if frame is None:
             raise CallError(invalid, f"{method}: the call carried no request message")
         try:
-            msg = wire.decode(frame, self.max_bytes)
+            request = schema.parse(method, wire.decode(frame, self.max_bytes))
         except WireError as exc:
             raise CallError(invalid, f"{method}: malformed frame: {exc}") from None
+        except RequestError as exc:
+            raise CallError(invalid, f"{method}: {exc}") from None
         try:
-            reply = self._methods[method](msg, deadline)
+            reply = self._methods[method](request, deadline)
             return reply if isinstance(reply, bytes) else wire.encode(reply)
         except StaleStep as exc:
             raise CallError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
-        except (RequestError, WireError, KeyError, TypeError, ValueError) as exc:
+        except RequestError as exc:
+            raise CallError(invalid, f"{method}: {exc}") from None
+        except (WireError, KeyError, TypeError, ValueError) as exc:
             raise CallError(invalid, f"{method}: {type(exc).__name__}: {exc}") from None
         except TimeoutError as exc:
             raise CallError(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
@@ -200,51 +206,47 @@ class Server:
                 "(a longboat bug; the server's log has the traceback)",
             ) from None
 
-    # ---- methods --------------------------------------------------------------------------
-    def _do_init(self, msg: Message, deadline: float) -> Message:
-        return self.state.init(msg)
+    # ---- methods: each takes its request as ``schema`` parsed it -----------------------------
+    def _do_init(self, req: schema.Init, deadline: float) -> Message:
+        return self.state.init(req)
 
-    def _do_push(self, msg: Message, deadline: float) -> Message | bytes:
+    def _do_push(self, req: schema.Push, deadline: float) -> Message | bytes:
         """Apply the push; with a ``pull`` entry (the trainer's last push of a step) answer
-        with that pull's reply once it is ready, saving the trainer a call."""
-        then = msg.meta.get(PULL_AFTER_PUSH)
-        if then is not None and not isinstance(then, dict):  # refused before anything applies
-            raise RequestError("a push's 'pull' entry must be a pull's meta (keys, version)")
-        reply = self.state.push(msg, deadline)
-        return reply if then is None else self.state.pull(Message(then), deadline)
+        with that pull's reply once it is ready, saving the trainer a call (the entry is
+        checked with the push: a bad one is refused before the push applies)."""
+        reply = self.state.push(req, deadline)
+        return reply if req.pull is None else self.state.pull(req.pull, deadline)
 
-    def _do_pull(self, msg: Message, deadline: float) -> bytes:
-        return self.state.pull(msg, deadline)
+    def _do_pull(self, req: schema.Pull, deadline: float) -> bytes:
+        return self.state.pull(req, deadline)
 
-    def _do_barrier(self, msg: Message, deadline: float) -> Message:
-        return self.state.barrier(msg, deadline)
+    def _do_barrier(self, req: schema.Barrier, deadline: float) -> Message:
+        return self.state.barrier(req, deadline)
 
-    def _do_join(self, msg: Message, deadline: float) -> Message:
-        return self.state.join(msg)
+    def _do_join(self, req: schema.Join, deadline: float) -> Message:
+        return self.state.join(req)
 
-    def _do_configure(self, msg: Message, deadline: float) -> Message:
-        return self.state.configure(msg)
+    def _do_configure(self, req: schema.Configure, deadline: float) -> Message:
+        return self.state.configure(req)
 
-    def _do_hello(self, msg: Message, deadline: float) -> Message:
+    def _do_hello(self, req: schema.Hello, deadline: float) -> Message:
         """A connecting trainer's settings: see ``longboat.ps.settings``."""
         return self.state.hello(
-            msg, {"wire_version": wire.VERSION, "max_message_bytes": self.max_bytes}
+            req, {"wire_version": wire.VERSION, "max_message_bytes": self.max_bytes}
         )
 
-    def _do_stop(self, msg: Message, deadline: float) -> Message:
+    def _do_stop(self, req: schema.Stop, deadline: float) -> Message:
         """A trainer is done; once all are (but those dropped and not back), ``finished`` is
         set and ``run_server`` returns."""
-        trainer = meta_int(msg.meta, "trainer", 0)
         with self.state.cond:
-            if not 0 <= trainer < max(self.state.trainers, 1):
-                raise RequestError(f"trainer {trainer} is out of range ({self.state.trainers})")
-            self._stopped.add(trainer)
+            req.check(self.state)
+            self._stopped.add(req.trainer)
             if self.state.present() <= self._stopped:
                 log.info("server %d: every trainer stopped", self.index)
                 self.finished.set()
         return Message({"stopped": len(self._stopped)})
 
-    def _do_ping(self, msg: Message, deadline: float) -> Message:
+    def _do_ping(self, req: schema.Ping, deadline: float) -> Message:
         """Who this server is; with ``keys``/``tables``/``barrier`` (a stalled trainer asking)
         also ``waiting_for``: the trainers it still lacks for them (``ServerState.missing``)."""
         reply = {
@@ -254,49 +256,50 @@ class Server:
             "step": self.state.version(),
             "restored": self.restored_step,
         }
-        if any(k in msg.meta for k in ("keys", "tables", "barrier")):
-            reply["waiting_for"] = self.state.missing(msg.meta)
-        if msg.meta.get("table_stats"):
+        if req.asks:
+            reply["waiting_for"] = self.state.missing(req)
+        if req.table_stats:
             reply["table_stats"] = self.state.table_stats()
         return Message(reply)
 
-    def _do_save(self, msg: Message, deadline: float) -> Message:
+    def _do_save(self, req: schema.Save, deadline: float) -> Message:
         step = self.state.version()
         self._save(step)
         return Message({"step": step})
 
-    def _do_restore(self, msg: Message, deadline: float) -> Message:
+    def _do_restore(self, req: schema.Restore, deadline: float) -> Message:
         """Barrier of all trainers, then reload the checkpoint at ``step`` once."""
         if self.checkpoint_dir is None:
             raise RequestError(f"server {self.index} has no checkpoint directory to restore from")
-        trainer, step, gen = (meta_int(msg.meta, k, 0) for k in ("trainer", "step", "generation"))
-        key = (gen, step)
+        key = (req.generation, req.step)
         with self.state.cond:
-            if not 0 <= trainer < max(self.state.trainers, 1):
-                raise RequestError(f"trainer {trainer} is out of range ({self.state.trainers})")
+            req.check(self.state)
+            saved_steps = checkpoint.steps_saved(self.checkpoint_dir, self.index)
+            if key not in self._restored and req.step not in saved_steps:
+                raise RequestError(
+                    f"'step': server {self.index} has no checkpoint of step {req.step} in "
+                    f"{self.checkpoint_dir} (it has {saved_steps})"
+                )
             if key not in self._restores:
                 self.state.begin_rollback()  # pulls waiting now would wait for nothing
-            self._restores.setdefault(key, set()).add(trainer)
+            self._restores.setdefault(key, set()).add(req.trainer)
             if (
                 len(self._restores[key]) >= max(self.state.trainers, 1)
                 and key not in self._restored
             ):
-                try:
-                    saved = checkpoint.load(self.checkpoint_dir, self.index, step)
-                except FileNotFoundError as exc:
-                    raise RequestError(str(exc)) from None
+                saved = checkpoint.load(self.checkpoint_dir, self.index, req.step)
                 if saved is None:
                     raise RequestError(f"server {self.index} has no checkpoint to restore")
                 self.state.load_state_dict(saved, self.checkpoint_dir)
                 self._restored.add(key)
-                log.info("server %d rolled back to step %d", self.index, step)
+                log.info("server %d rolled back to step %d", self.index, req.step)
             self.state.cond.notify_all()
             self.state._wait(
                 lambda: key in self._restored,
                 deadline,
-                f"every trainer asking to restore step {step}",
+                f"every trainer asking to restore step {req.step}",
             )
-        return Message({"step": step})
+        return Message({"step": req.step})
 
     def _save(self, step: int) -> None:
         if self.checkpoint_dir is None:

@@ -4,8 +4,9 @@ Dense blocks (``blocks.py``) carry their value, their optimizer and a version. I
 block waits for all trainers' pushes of one step, sums them in trainer order and divides by the
 number of trainers that pushed before applying once (blocks with ``reduce="sum"``, as MXNet's
 KVStore has them, skip the division). Sparse tables (``tables.py``) are sharded by row id
-(``id % num_servers``) and updated per touched row. Request fields are read with
-``request.py``.
+(``id % num_servers``) and updated per touched row. Each method takes its request parsed by
+``schema.py`` (or a ``Message`` it parses) and checks it against what the server holds before
+changing anything: a refused request leaves the state as it was.
 
 Trainer liveness (sync steps and barriers): a trainer that something waits for and that has been
 silent (no call in progress, none ended) for ``trainer_timeout`` seconds is dropped by
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from longboat.log import get_logger
-from longboat.ps import wire
+from longboat.ps import schema, wire
 from longboat.ps.blocks import (
     REDUCES,
     UPDATES,
@@ -40,25 +41,17 @@ from longboat.ps.blocks import (
     make_block,
 )
 from longboat.ps.limits import TRAINER_TIMEOUT_ENV
-from longboat.ps.request import DROPPED, Dropped, RequestError, StaleStep, meta_int, meta_list
-from longboat.ps.tables import (
-    Table,
-    apply_rows,
-    load_table,
-    local_rows,
-    make_table,
-    read_rows,
-    table_state,
-)
+from longboat.ps.request import DROPPED, Dropped, RequestError, StaleStep
+from longboat.ps.schema import SCOPES
+from longboat.ps.tables import Table, apply_rows, load_table, make_table, read_rows, table_state
 from longboat.ps.wire import Message
 
-SCOPES = ("engine", "kv")  # who says hello: lb.ps.distribute's engine, or a KVClient
 GONE = math.inf  # ServerState.back_at of a dropped trainer that has not rejoined
 
 log = get_logger("longboat.ps")
 
 __all__ = ["REDUCES", "SCOPES", "UPDATES", "DenseBlock", "RequestError", "ServerState",
-           "StaleStep", "Table", "meta_int", "meta_list"]  # fmt: skip
+           "StaleStep", "Table"]  # fmt: skip
 
 
 class ServerState:
@@ -96,16 +89,16 @@ class ServerState:
         self._refusals: set[tuple[int, int]] = set()  # (trainer, step) refusals logged
 
     # ---- hello ----------------------------------------------------------------------------
-    def hello(self, msg: Message, own: dict[str, Any]) -> Message:
+    def hello(self, msg: Message | schema.Hello, own: dict[str, Any]) -> Message:
         """Keep the first trainer's ``settings`` of its ``scope``; reply with the kept ones,
         overlaid with this server's ``own`` (and its index, server count, trainer count): the
         trainer compares them with its own (``longboat.ps.settings``)."""
-        scope, trainer = msg.meta.get("scope"), meta_int(msg.meta, "trainer", 0)
-        settings = msg.meta.get("settings")
-        if scope not in SCOPES or not isinstance(settings, dict):
-            raise RequestError(f"hello needs 'scope' (one of {SCOPES}) and a 'settings' object")
+        req = schema.Hello.of(msg)
         with self.cond:
-            kept = self.settings.setdefault(scope, {"set_by": trainer, "settings": settings})
+            req.check(self)
+            kept = self.settings.setdefault(
+                req.scope, {"set_by": req.trainer, "settings": req.settings}
+            )
             reply = {**kept["settings"], **own}
             reply |= {"server_index": self.index, "num_servers": self.num_servers}
             if self.trainers and "trainers" in reply:
@@ -113,79 +106,50 @@ class ServerState:
         return Message({"settings": reply, "set_by": kept["set_by"]})
 
     # ---- init ---------------------------------------------------------------------------
-    def init(self, msg: Message) -> Message:
+    def init(self, msg: Message | schema.Init) -> Message:
         """Create blocks and tables (idempotent: a restored server keeps its values). Every
         spec is checked before any is applied: a refused init changes nothing."""
-        meta = msg.meta
-        trainers = meta_int(meta, "trainers", 1)
-        if trainers < 1:
-            raise RequestError(f"'trainers' must be at least 1, got {trainers}")
-        sync = bool(meta.get("sync", False))
-        digest = str(meta.get("digest", ""))
+        req = schema.Init.of(msg)
         with self.cond:
-            if digest and self.digest and digest != self.digest:
-                raise RequestError(
-                    f"server {self.index}: this trainer's sharding plan {digest} differs from "
-                    f"the plan {self.digest} the servers were initialised with; every trainer "
-                    "must build the same model (same parameter names and shapes)"
-                )
+            req.check(self)
             blocks: dict[str, DenseBlock] = {}
-            for spec in meta_list(meta, "blocks"):
-                key, block = self._init_block(spec, msg.tensors, sync)
-                if block is not None:
-                    blocks.setdefault(key, block)
+            for spec in req.blocks:  # a block without a value: it exists, or comes later
+                key, value = spec["key"], req.values.get(spec["key"])
+                if key not in self.blocks and value is not None:
+                    blocks[key] = make_block(key, spec, value.clone(), req.sync)
             tables: dict[str, Table] = {}
-            for spec in meta_list(meta, "tables"):
-                name, table = self._init_table(spec, sync)
-                if table is not None:
-                    tables.setdefault(name, table)
-            self.digest = self.digest or digest
-            self.trainers = self.trainers or trainers
-            self._touch(meta.get("trainer"))
+            for spec in req.tables:
+                name = spec["name"]
+                if name not in self.tables:
+                    tables[name] = make_table(
+                        name, spec, req.sync, self.index, self.num_servers, self.max_table_bytes
+                    )
+            self.digest = self.digest or req.digest
+            self.trainers = self.trainers or req.trainers
+            self._touch(req.trainer)
             self.blocks.update(blocks)
             self.tables.update(tables)
             self.cond.notify_all()
             versions = [b.version for b in self.blocks.values()]
             return Message({"version": min(versions) if versions else 0})
 
-    def _init_block(
-        self, spec: Any, tensors: dict[str, torch.Tensor], sync: bool
-    ) -> tuple[str, DenseBlock | None]:
-        """The block ``spec`` creates (None: it exists, or another trainer brings its value)."""
-        if not isinstance(spec, dict) or not isinstance(spec.get("key"), str):
-            raise RequestError("each block spec needs a string 'key'")
-        key = spec["key"]
-        value = tensors.get(key)
-        if key in self.blocks or value is None:
-            return key, None
-        return key, make_block(key, spec, value.clone(), sync)
-
-    def configure(self, msg: Message) -> Message:
+    def configure(self, msg: Message | schema.Configure) -> Message:
         """Change the update rule (and optimizer) of existing blocks: a fresh optimizer state,
-        the value kept. Refused for a block with pushes of a half-finished sync step."""
-        if "shrink" in msg.meta:
-            return Message({"dropped": self.shrink(msg.meta["shrink"])})
+        the value kept. Refused for a block with pushes of a half-finished sync step. With
+        ``shrink``: end a pass of lazy tables (``shrink``)."""
+        req = schema.Configure.of(msg)
+        if req.shrink is not None or req.all_lazy:
+            return Message({"dropped": self.shrink(req.shrink)})
         with self.cond:
-            specs = meta_list(msg.meta, "blocks")
-            for spec in specs:
-                key = spec.get("key") if isinstance(spec, dict) else None
-                block = self.blocks.get(key) if isinstance(key, str) else None
-                if block is None:
-                    raise RequestError(f"configure: server {self.index} holds no block {key!r}")
-                if block.pending:
-                    raise RequestError(
-                        f"configure: block {key!r} has pushes of step {block.version} from "
-                        f"trainers {sorted(block.pending)} waiting for the others; change the "
-                        "optimizer between steps"
-                    )
+            req.check(self)
             new = {}
-            for spec in specs:
+            for spec in req.blocks:
                 old = self.blocks[spec["key"]]
                 new[spec["key"]] = make_block(spec["key"], spec, old.value, old.sync)
                 new[spec["key"]].version = old.version
             self.blocks.update(new)  # all or none
             self.cond.notify_all()
-        return Message({"configured": len(specs)})
+        return Message({"configured": len(req.blocks)})
 
     # ---- lazy tables ----------------------------------------------------------------------
     def shrink(self, names: Any) -> dict[str, int]:
@@ -228,125 +192,92 @@ class ServerState:
                     }
             return out
 
-    def _init_table(self, spec: Any, sync: bool) -> tuple[str, Table | None]:
-        """The table ``spec`` creates (None: it exists)."""
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            raise RequestError("each table spec needs a string 'name'")
-        name = spec["name"]
-        if name in self.tables:
-            return name, None
-        return name, make_table(
-            name, spec, sync, self.index, self.num_servers, self.max_table_bytes
-        )
-
     # ---- push -----------------------------------------------------------------------------
-    def push(self, msg: Message, deadline: float | None = None) -> Message:
-        """Apply (or, in sync jobs, collect) gradients for blocks and table rows.
+    def push(self, msg: Message | schema.Push, deadline: float | None = None) -> Message:
+        """Apply (or, in sync jobs, collect) gradients for blocks and table rows: all of them,
+        or (refused) none.
 
         A sync trainer one step ahead (it pushed step k, the others have not yet, and it now
         pushes k + 1, as a KVStore worker pushing twice without a pull does) waits, until
         ``deadline``, for step k to complete, as MXNet's servers hold such a push.
         """
-        trainer, step = meta_int(msg.meta, "trainer", 0), meta_int(msg.meta, "step", -1)
-        lrs = msg.meta.get("lrs") or []
-        if not isinstance(lrs, list) or not all(
-            isinstance(lr, int | float) and not isinstance(lr, bool) and math.isfinite(lr)
-            for lr in lrs
-        ):
-            raise RequestError("'lrs' must list the learning rate (a number) of each param group")
-        with self.cond, self._calling(trainer):
-            if not 0 <= trainer < max(self.trainers, 1):
-                raise RequestError(f"trainer {trainer} is out of range (job has {self.trainers})")
-            dense = {k: t for k, t in msg.tensors.items() if "@" not in k}
-            sparse = {k: t for k, t in msg.tensors.items() if "@" in k}
-            for key, grad in dense.items():
-                self._check_dense(key, grad)
-            tables = self._sparse_pushes(sparse)
-            synced = any(self.blocks[k].sync for k in dense)
-            synced |= any(self.tables[n].sync for n in tables)
+        req = schema.Push.of(msg)
+        trainer, step = req.trainer, req.step
+        with self.cond:
+            rows = req.check(self)
+            held = [self.blocks[k] for k in req.dense] + [self.tables[n] for n in req.sparse]
+            synced = any(h.sync for h in held)
             if synced:
                 self._refuse_if_dropped(trainer, step)
-            if deadline is not None:
-                held = [self.blocks[k] for k in dense] + [self.tables[n] for n in tables]
-                self._wait(
-                    lambda: (
-                        not any(
-                            h.sync and step == h.version + 1 and trainer in h.pending for h in held
-                        )
-                    ),
-                    deadline,
-                    f"the other trainers' pushes of step {step - 1} (trainer {trainer} pushed "
-                    f"step {step})",
-                )
-            for key, grad in dense.items():
-                block = self.blocks[key]
-                lr = lrs[block.group] if block.group < len(lrs) else None
-                self._push_block(key, block, grad, trainer, step, lr)
-            for name, (ids, grad) in tables.items():
-                self._push_table(name, ids, grad, trainer, step)
-            if synced:  # accepted: a pull of the next step may wait for the others
-                self.last_step[trainer] = max(step, self.last_step.get(trainer, step))
-            self.cond.notify_all()
+            self._check_round(req, waits=True)
+            with self._calling(trainer):
+                if deadline is not None:
+                    self._wait(
+                        lambda: (
+                            not any(
+                                h.sync and step == h.version + 1 and trainer in h.pending
+                                for h in held
+                            )
+                        ),
+                        deadline,
+                        f"the other trainers' pushes of step {step - 1} (trainer {trainer} "
+                        f"pushed step {step})",
+                    )
+                self._check_round(req, waits=False)
+                for key, grad in req.dense.items():
+                    self._push_block(self.blocks[key], grad, req)
+                for name, (_, grad) in req.sparse.items():
+                    self._push_table(name, rows[name], grad, trainer)
+                if synced:  # accepted: a pull of the next step may wait for the others
+                    self.last_step[trainer] = max(step, self.last_step.get(trainer, step))
+                self.cond.notify_all()
         return Message({})
 
-    def _check_dense(self, key: str, grad: torch.Tensor) -> None:
-        block = self.blocks.get(key)
-        if block is None:
-            raise RequestError(f"server {self.index} holds no block {key!r} (initialised?)")
-        if grad.shape != block.value.shape or grad.dtype != block.value.dtype:
-            raise RequestError(
-                f"block {key!r}: pushed {tuple(grad.shape)} {grad.dtype}, holds "
-                f"{tuple(block.value.shape)} {block.value.dtype}"
-            )
+    @staticmethod
+    def _lr(block: DenseBlock, req: schema.Push) -> float | None:
+        """The learning rate a push gives ``block`` (None: the block's own)."""
+        return req.lrs[block.group] if block.group < len(req.lrs) else None
 
-    def _sparse_pushes(
-        self, sparse: dict[str, torch.Tensor]
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        out = {}
-        for key in sparse:
-            name, _, part = key.rpartition("@")
-            if part not in ("ids", "grad"):
-                raise RequestError(f"sparse entry {key!r} must end in @ids or @grad")
-            if name not in self.tables:
-                raise RequestError(f"server {self.index} holds no table {name!r}")
-            if name in out:
+    def _check_round(self, req: schema.Push, waits: bool) -> None:
+        """Refuse a sync push that does not fit the step its blocks and tables are at:
+        another step (StaleStep), a second push of the trainer, another learning rate than
+        the step's first push. ``waits``: pass over pushes that wait for the step before."""
+        trainer, step = req.trainer, req.step
+        held: list[tuple[str, str, DenseBlock | Table]] = [
+            *(("block", k, self.blocks[k]) for k in req.dense),
+            *(("table", n, self.tables[n]) for n in req.sparse),
+        ]
+        for kind, name, h in held:
+            if not h.sync or (waits and step == h.version + 1 and trainer in h.pending):
                 continue
-            ids, grad = sparse.get(f"{name}@ids"), sparse.get(f"{name}@grad")
-            table = self.tables[name]
-            if ids is None or grad is None or ids.dtype != torch.int64 or ids.dim() != 1:
-                raise RequestError(f"table {name!r}: push needs int64 {name}@ids and {name}@grad")
-            if grad.shape != (len(ids), table.weight.shape[1]) or grad.dtype != table.weight.dtype:
-                raise RequestError(f"table {name!r}: grad shape {tuple(grad.shape)} does not fit")
-            out[name] = (self._local_rows(name, ids), grad)
-        return out
+            if step != h.version:
+                raise StaleStep(
+                    f"server {self.index} {kind} {name!r} is at step {h.version}, "
+                    f"trainer {trainer} pushed step {step}"
+                )
+            if trainer in h.pending:
+                raise RequestError(f"trainer {trainer} pushed {kind} {name!r} twice in step {step}")
+            if isinstance(h, DenseBlock) and h.round_lr is not None:
+                lr = self._lr(h, req)
+                if h.round_lr[1] != lr:
+                    first, first_lr = h.round_lr
+                    raise RequestError(
+                        f"block {name!r} step {step}: trainer {trainer} pushed with learning "
+                        f"rate {lr}, trainer {first} with {first_lr} ('lrs'); every trainer "
+                        "must use the same learning rate (the same optimizer settings and "
+                        "scheduler)"
+                    )
 
-    def _local_rows(self, name: str, ids: torch.Tensor) -> torch.Tensor:
-        return local_rows(name, self.tables[name], ids, self.index, self.num_servers)
-
-    def _push_block(
-        self, key: str, block: DenseBlock, grad: torch.Tensor, trainer: int, step: int, lr: Any
-    ) -> None:
+    def _push_block(self, block: DenseBlock, grad: torch.Tensor, req: schema.Push) -> None:
+        """Apply (async) or collect (sync) one block's push (``_check_round`` passed it)."""
+        lr = self._lr(block, req)
         if not block.sync:
             if block.update == "optimizer" and block.reduce == "mean":
                 grad = grad / self.trainers  # a new tensor: the wire's view is read-only
             apply_block(block, grad, lr)
             return
-        if step != block.version:
-            raise StaleStep(
-                f"server {self.index} block {key!r} is at step {block.version}, "
-                f"trainer {trainer} pushed step {step}"
-            )
-        if trainer in block.pending:
-            raise RequestError(f"trainer {trainer} pushed block {key!r} twice in step {step}")
-        if block.round_lr is not None and block.round_lr[1] != lr:
-            first, first_lr = block.round_lr
-            raise RequestError(
-                f"block {key!r} step {step}: trainer {trainer} pushed with learning rate {lr}, "
-                f"trainer {first} with {first_lr}; every trainer must use the same learning "
-                "rate (the same optimizer settings and scheduler)"
-            )
-        block.round_lr = block.round_lr or (trainer, lr)
-        block.pending[trainer] = grad.clone()
+        block.round_lr = block.round_lr or (req.trainer, lr)
+        block.pending[req.trainer] = grad.clone()
         self._settle_block(block)
 
     def _settle_block(self, block: DenseBlock) -> None:
@@ -364,20 +295,12 @@ class ServerState:
         apply_block(block, total / len(order) if block.reduce == "mean" else total, lr)
         self._bumped(block.version)
 
-    def _push_table(
-        self, name: str, rows: torch.Tensor, grad: torch.Tensor, trainer: int, step: int
-    ) -> None:
+    def _push_table(self, name: str, rows: torch.Tensor, grad: torch.Tensor, trainer: int) -> None:
+        """Apply (async) or collect (sync) one table's push (``_check_round`` passed it)."""
         table = self.tables[name]
         if not table.sync:
             apply_rows(table, rows, grad, 1)
             return
-        if step != table.version:
-            raise StaleStep(
-                f"server {self.index} table {name!r} is at step {table.version}, "
-                f"trainer {trainer} pushed step {step}"
-            )
-        if trainer in table.pending:
-            raise RequestError(f"trainer {trainer} pushed table {name!r} twice in step {step}")
         table.pending[trainer] = (rows.clone(), grad.clone())
         self._settle_table(table)
 
@@ -404,35 +327,18 @@ class ServerState:
             self.on_version(version)
 
     # ---- pull -----------------------------------------------------------------------------
-    def pull(self, msg: Message, deadline: float) -> bytes:
+    def pull(self, msg: Message | schema.Pull, deadline: float) -> bytes:
         """The encoded values of the requested blocks and rows, once they reach ``version``
         (encoded under the lock: one copy, never a half-updated block). ``<name>@ids`` asks
         for rows: of table ``name`` by global id, else of block ``name`` by row of its value
         (sorted, unique: the reply is never larger than the block); they come back as
         ``<name>@rows``."""
-        keys = msg.meta.get("keys") or []
-        version = meta_int(msg.meta, "version", 0)
-        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-            raise RequestError("'keys' must be a list of block keys")
-        if any(not k.endswith("@ids") for k in msg.tensors):
-            raise RequestError(
-                "a pull carries only '<table>@ids' tensors (the rows it wants; a block's "
-                "rows as '<block>@ids')"
-            )
-        id_entries = {k[: -len("@ids")]: t for k, t in msg.tensors.items()}
-        trainer = msg.meta.get("trainer")
-        with self.cond, self._calling(trainer if isinstance(trainer, int) else None):
-            for key in keys:
-                if key not in self.blocks:
-                    raise RequestError(f"server {self.index} holds no block {key!r}")
-            for name, ids in id_entries.items():
-                if ids.dtype != torch.int64 or ids.dim() != 1:
-                    raise RequestError(f"pull of rows of {name!r}: ids must be 1-D int64")
-                if name not in self.tables:
-                    self._check_block_rows(name, ids)
-
-            holders = [self.blocks[k] for k in keys]
-            holders += [self.tables[n] if n in self.tables else self.blocks[n] for n in id_entries]
+        req = schema.Pull.of(msg)
+        version, trainer = req.version, req.trainer
+        with self.cond:
+            rows = req.check(self)
+            holders: list[DenseBlock | Table] = [self.blocks[k] for k in req.keys]
+            holders += [self.tables.get(n) or self.blocks[n] for n in req.ids]
             rollbacks = self.rollbacks
 
             def ready() -> bool:
@@ -441,33 +347,19 @@ class ServerState:
                     self._refuse_lost_pull(trainer, version, behind, rollbacks)
                 return not behind
 
-            self._wait(ready, deadline, f"blocks/tables reaching step {version}")
-            out = {k: self.blocks[k].value for k in keys}
-            for name, ids in id_entries.items():
-                out[f"{name}@rows"] = (
-                    read_rows(self.tables[name], self._local_rows(name, ids))
-                    if name in self.tables
-                    else self.blocks[name].value.index_select(0, ids)
-                )
-            return wire.encode(Message({}, out))
-
-    def _check_block_rows(self, key: str, ids: torch.Tensor) -> None:
-        """Refuse a row pull of block ``key`` unless ``ids`` are sorted, unique rows of it."""
-        block = self.blocks.get(key)
-        if block is None:
-            raise RequestError(f"server {self.index} holds no table or block {key!r}")
-        if block.value.dim() == 0:
-            raise RequestError(f"row pull of block {key!r}: a 0-d value has no rows")
-        rows = len(block.value)
-        if len(ids) and (
-            int(ids[0]) < 0 or int(ids[-1]) >= rows or not bool((ids[1:] > ids[:-1]).all())
-        ):
-            raise RequestError(
-                f"row pull of block {key!r}: ids must be sorted, unique and in [0, {rows})"
-            )
+            with self._calling(trainer):
+                self._wait(ready, deadline, f"blocks/tables reaching step {version}")
+                out = {k: self.blocks[k].value for k in req.keys}
+                for name, local in rows.items():
+                    out[f"{name}@rows"] = (
+                        read_rows(self.tables[name], local)
+                        if name in self.tables
+                        else self.blocks[name].value.index_select(0, local)
+                    )
+                return wire.encode(Message({}, out))
 
     def _refuse_lost_pull(
-        self, trainer: Any, version: int, behind: list[DenseBlock | Table], rollbacks: int
+        self, trainer: int | None, version: int, behind: list[DenseBlock | Table], rollbacks: int
     ) -> None:
         """Raise ``StaleStep`` for a pull of sync ``version`` that nothing will answer: the
         servers began rolling back since it arrived, or ``trainer`` never pushed the step
@@ -482,7 +374,7 @@ class ServerState:
                 "began rolling back to a checkpoint (restore): pull again after it"
             )
         if (
-            isinstance(trainer, int)
+            trainer is not None
             and self.last_step.get(trainer, -1) < version - 1
             and self.back_at.get(trainer, 0) < version
         ):
@@ -500,20 +392,13 @@ class ServerState:
             self.rollbacks += 1
             self.cond.notify_all()
 
-    def barrier(self, msg: Message, deadline: float) -> Message:
+    def barrier(self, msg: Message | schema.Barrier, deadline: float) -> Message:
         """Return once all trainers reached barrier ``generation`` of the barrier ``name``
         (independent counters: the engine's, kv's and fleet's barriers never mix)."""
-        trainer, gen = meta_int(msg.meta, "trainer", 0), meta_int(msg.meta, "generation", 0)
-        name = msg.meta.get("name", "")
-        if not isinstance(name, str):
-            raise RequestError("barrier 'name' must be a string")
-        trainers = meta_int(msg.meta, "trainers", 0)
-        if trainers < 0:
-            raise RequestError(f"'trainers' must not be negative, got {trainers}")
+        req = schema.Barrier.of(msg)
+        trainer, name, gen = req.trainer, req.name, req.generation
         with self.cond:
-            self.trainers = self.trainers or trainers
-            if not 0 <= trainer < max(self.trainers, 1):
-                raise RequestError(f"trainer {trainer} is out of range (job has {self.trainers})")
+            self.trainers = req.check(self)
             with self._calling(trainer):
                 self.barriers.setdefault((name, gen), set()).add(trainer)
                 for old in [k for k in self.barriers if k[0] == name and k[1] < gen - 1]:
@@ -536,30 +421,24 @@ class ServerState:
             or any(n == name and g > gen for n, g in self.barriers)
         )
 
-    def missing(self, meta: dict[str, Any]) -> list[int]:
+    def missing(self, meta: dict[str, Any] | schema.Ping) -> list[int]:
         """The trainers this server still lacks for what a stalled call waits on: their pushes
         of the blocks ``keys`` / sync ``tables`` below ``version``, or their arrival at
-        ``barrier`` = [name, generation]."""
+        ``barrier`` = [name, generation] (names it does not hold are passed over)."""
+        req = meta if isinstance(meta, schema.Ping) else schema.Ping.parse(Message(meta))
         with self.cond:
-            barrier = meta.get("barrier")
-            if barrier is not None:
-                if not (isinstance(barrier, list) and len(barrier) == 2):
-                    raise RequestError("'barrier' must be [name, generation]")
-                name, gen = str(barrier[0]), meta_int({"g": barrier[1]}, "g", 0)
+            if req.barrier is not None:
+                name, gen = req.barrier
                 if self._barrier_over(name, gen):
                     return []
                 everyone = self.present() & set(range(self.trainers))
                 return sorted(everyone - self.barriers.get((name, gen), set()))
-            version = meta_int(meta, "version", 0)
             lacking: set[int] = set()
-            for key in meta_list(meta, "keys"):
-                block = self.blocks.get(key) if isinstance(key, str) else None
-                if block is not None and block.sync and block.version < version:
-                    lacking |= self._expected(block.version) - set(block.pending)
-            for name in meta_list(meta, "tables"):
-                table = self.tables.get(name) if isinstance(name, str) else None
-                if table is not None and table.sync and table.version < version:
-                    lacking |= self._expected(table.version) - set(table.pending)
+            held: list[DenseBlock | Table | None] = [self.blocks.get(k) for k in req.keys]
+            held += [self.tables.get(n) for n in req.tables]
+            for h in held:
+                if h is not None and h.sync and h.version < req.version:
+                    lacking |= self._expected(h.version) - set(h.pending)
             return sorted(lacking)
 
     # ---- trainer liveness -------------------------------------------------------------------
@@ -682,20 +561,20 @@ class ServerState:
                 self._settle_table(table)
         self.cond.notify_all()
 
-    def join(self, msg: Message) -> Message:
+    def join(self, msg: Message | schema.Join) -> Message:
         """Trainer ``trainer`` (again) takes part from sync step ``step`` on, or from the
         latest step this server has begun if that is later (the reply's ``step``: the trainer
         asks again with the highest reply). Its pushes of unfinished steps (from an earlier
         process) are discarded. ``rejoined``: it had joined before; ``barrier``: the latest
         completed generation of the engine's barrier."""
-        trainer, step = meta_int(msg.meta, "trainer", 0), meta_int(msg.meta, "step", 0)
+        req = schema.Join.of(msg)
+        trainer = req.trainer
         with self.cond:
-            if not 0 <= trainer < self.trainers:
-                raise RequestError(f"join: trainer {trainer} is out of range ({self.trainers})")
+            req.check(self)
             again = trainer in self.joined or trainer in self.back_at
             versions = [b.version for b in self.blocks.values() if b.sync]
             versions += [t.version for t in self.tables.values() if t.sync]
-            start = max([step, *versions])
+            start = max([req.step, *versions])
             discarded = self._discard(trainer)
             self.back_at[trainer] = start
             self.joined.add(trainer)

@@ -46,8 +46,8 @@ class Table:
         return self.weight.dtype
 
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-           "bfloat16": torch.bfloat16}  # fmt: skip
+FLOAT_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+                "bfloat16": torch.bfloat16}  # fmt: skip
 
 
 def make_table(
@@ -67,7 +67,10 @@ def make_table(
         raise RequestError(f"table {name!r}: 'optimizer' must be a string, got {opt_name!r}")
     states = len(optim.ROW_STATES.get(opt_name, ())) + 1
     if local * dim * dtype.itemsize * states > max_bytes:
-        raise RequestError(f"table {name!r} needs more than {max_bytes} bytes here")
+        raise RequestError(
+            f"table {name!r}: 'rows' {rows} x 'dim' {dim} need more than {max_bytes} bytes on "
+            f"server {index} ({local} rows of its shard)"
+        )
     seed, scale = meta_int(spec, "seed", 0), spec.get("scale", 0.01)
     if not 0 <= seed < 1 << 63:
         raise RequestError(f"table {name!r}: 'seed' must be in [0, 2**63), got {seed}")
@@ -85,7 +88,7 @@ def make_table(
 
 def _dtype(spec: dict[str, Any], key: str, default: str = "float32") -> torch.dtype | None:
     value = spec.get(key, default)
-    return _DTYPES.get(value) if isinstance(value, str) else None
+    return FLOAT_DTYPES.get(value) if isinstance(value, str) else None
 
 
 def _make_lazy(
@@ -120,6 +123,13 @@ def _make_lazy(
         h = optim.check_hparams(opt_name, spec.get("hparams") or {})
     except (ValueError, TypeError) as exc:
         raise RequestError(f"table {name!r}: {exc}") from None
+    per_server = -(-expected // num_servers)
+    row_bytes = dim * (storage.itemsize + 4 * len(optim.ROW_STATES.get(opt_name, ()))) + 16
+    if max(per_server, 16) * row_bytes > max_bytes:  # what LazyRows allocates at once
+        raise RequestError(
+            f"table {name!r}: 'expected_rows' {expected} of 'dim' {dim} need more than "
+            f"{max_bytes} bytes on this server"
+        )
     store = LazyRows(
         dim,
         storage,
@@ -129,7 +139,7 @@ def _make_lazy(
         scale=float(scale),
         admission=Admission(count, float(probability), seed),
         evict_after=evict_after,
-        expected_rows=-(-expected // num_servers),
+        expected_rows=per_server,
         max_bytes=max_bytes,
     )
     log.info(
