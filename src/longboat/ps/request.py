@@ -9,6 +9,10 @@ class RequestError(ValueError):
     """A request that is well-formed on the wire but wrong for this server's state."""
 
 
+class Closing(RuntimeError):
+    """The server is stopping: a call that waited (a sync step, a barrier) ends unanswered."""
+
+
 class StaleStep(RuntimeError):
     """A sync push or pull for a step this server is not at (e.g. it restarted from a checkpoint)."""
 

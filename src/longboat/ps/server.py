@@ -7,15 +7,21 @@ Every call must carry the job's token, checked when the call starts, before its 
 (``guard.TokenGate``); what callers may hold is bounded (``limits.ServerLimits``); frames are
 size-bounded, and each request is read by its validator (``schema``) before anything is
 applied: a malformed one is INVALID_ARGUMENT naming the field and changes nothing. Waits inside
-a call end at the call's deadline. Binds 127.0.0.1 unless told otherwise.
+a call end at the call's deadline, or when the server stops. Binds 127.0.0.1 unless told
+otherwise.
+
+A server process ends on SIGTERM/SIGINT within about ``STOP_GRACE_S`` seconds: the calls in
+progress are answered UNAVAILABLE, and the process ends by the signal it got.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,13 +35,14 @@ from longboat.log import get_logger
 from longboat.ps import auth, checkpoint, guard, schema, wire
 from longboat.ps.client import METHODS, SERVICE, max_message_bytes
 from longboat.ps.limits import ServerLimits
-from longboat.ps.request import RequestError, StaleStep
+from longboat.ps.request import Closing, RequestError, StaleStep
 from longboat.ps.state import ServerState
 from longboat.ps.wire import Message, WireError
 
 log = get_logger("longboat.ps")
 
 MAX_WAIT_S = 600.0
+STOP_GRACE_S = 1.0  # a stopping server's calls in progress may finish this long
 CHECKPOINT_DIR_ENV = "LONGBOAT_PS_CHECKPOINT_DIR"
 CHECKPOINT_EVERY_ENV = "LONGBOAT_PS_CHECKPOINT_EVERY"
 
@@ -139,7 +146,10 @@ class Server:
         return self
 
     def stop(self, grace: float | None = 0) -> None:
+        """Stop serving: the waits of calls in progress end at once (UNAVAILABLE), then gRPC
+        gives the calls ``grace`` seconds before cancelling them."""
         self._liveness.set()
+        self.state.close()
         self._grpc.stop(grace).wait(10)
         self._alarms.close()
         if self._liveness_thread.is_alive():
@@ -196,6 +206,8 @@ class Server:
             raise CallError(invalid, f"{method}: {exc}") from None
         except (WireError, KeyError, TypeError, ValueError) as exc:
             raise CallError(invalid, f"{method}: {type(exc).__name__}: {exc}") from None
+        except Closing as exc:
+            raise CallError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
         except TimeoutError as exc:
             raise CallError(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
         except Exception as exc:
@@ -386,14 +398,34 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def serve_until_done(server: Server) -> None:
-    """Block until SIGTERM/SIGINT (main thread) or every trainer stopped, then stop it."""
+    """Block until every trainer stopped, then stop the server and return; or, on SIGTERM or
+    SIGINT (in the main thread), stop it and end the process by that signal.
+
+    A signal ends the process rather than returning: an interpreter exit would first wait for
+    every thread the job started, gRPC's included, and a launcher that sent SIGTERM would
+    have to kill the server (``longboat launch`` waits 30 s before SIGKILL)."""
+    got: list[int] = []
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, lambda signum, _: (got.append(signum), stop.set()))
     while not stop.wait(0.2) and not server.finished.is_set():
         pass
-    server.stop(1.0)
+    server.stop(STOP_GRACE_S)
+    if got:
+        _end_by_signal(got[0], server.index)
+
+
+def _end_by_signal(signum: int, index: int) -> None:
+    """End this process by ``signum`` (its default action) once the logs are flushed."""
+    log.info("parameter server %d stopped by %s", index, signal.Signals(signum).name)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    time.sleep(5)  # the signal ends the process (delivered at once to the main thread)
+    os._exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from longboat.ps.blocks import (
     make_block,
 )
 from longboat.ps.limits import TRAINER_TIMEOUT_ENV
-from longboat.ps.request import DROPPED, Dropped, RequestError, StaleStep
+from longboat.ps.request import DROPPED, Closing, Dropped, RequestError, StaleStep
 from longboat.ps.schema import SCOPES
 from longboat.ps.tables import Table, apply_rows, load_table, make_table, read_rows, table_state
 from longboat.ps.wire import Message
@@ -86,6 +86,7 @@ class ServerState:
         self.joined: set[int] = set()  # trainers that called join
         self.barrier_done: dict[str, int] = {}  # name -> the highest generation completed
         self.rollbacks = 0  # rollbacks begun (restore): sync pulls waiting then are refused
+        self.closed = False  # the server is stopping: every wait ends (``close``)
         self._refusals: set[tuple[int, int]] = set()  # (trainer, step) refusals logged
 
     # ---- hello ----------------------------------------------------------------------------
@@ -592,8 +593,17 @@ class ServerState:
                 {"step": start, "rejoined": again, "barrier": self.barrier_done.get("", 0)}
             )
 
+    def close(self) -> None:
+        """The server is stopping: end every wait now and every later one at once
+        (``Closing``), so that no call holds its thread for a trainer that will not come."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
     def _wait(self, ready: Callable[[], bool], deadline: float, what: str) -> None:
         while not ready():
+            if self.closed:
+                raise Closing(f"parameter server {self.index} is stopping; it waited for {what}")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(
