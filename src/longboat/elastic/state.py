@@ -263,7 +263,7 @@ class State:
         ranks = sorted(differ)
         detail = "; ".join(f"rank {r}: {', '.join(differ[r])}" for r in ranks)
         raise StateMismatchError(
-            f"after the membership change the state of rank{'s' if len(ranks) > 1 else ''} "
+            f"after the state sync the state of rank{'s' if len(ranks) > 1 else ''} "
             f"{', '.join(map(str, ranks))} differs from rank {source}'s, whose state every rank "
             f"should hold ({detail}); training on would silently diverge"
         )
