@@ -323,9 +323,11 @@ def _settle(device: torch.device) -> None:
 def train_step(system: System, x: torch.Tensor, y: torch.Tensor) -> None:
     """zero_grad, forward, loss, backward, step: the loop every system runs."""
     system.opt.zero_grad()
+    # autocast around the forward only, as longboat's AMP applies it: the loss sees the same
+    # (low-precision) logits in every system
     with torch.autocast(x.device.type, system.autocast, enabled=system.autocast is not None):
         out = system.model(x)
-        loss = F.cross_entropy(out.flatten(0, -2), y.flatten())
+    loss = F.cross_entropy(out.flatten(0, -2), y.flatten())
     if system.scaler is None:
         loss.backward()
         system.opt.step()
