@@ -161,7 +161,9 @@ class State(_LbState):
         values = [int(c.item()) for c in counts]
         source = values.index(max(values))
         self._receive(self._broadcast_payload(source), source)
+        self._has_state = True
         self._reshard()
+        self.verify_same_state(source)  # every rank's digest, as lb.elastic.State.sync does
         return source
 
 
