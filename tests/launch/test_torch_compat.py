@@ -145,11 +145,13 @@ def test_worker_spec_takes_the_config_settings_this_torch_has():
     assert (spec.role, spec.local_world_size, spec.event_log_handler) == ("trainer", 1, "null")
 
 
-def test_the_grace_period_goes_to_torch_where_its_agent_takes_it():
+def test_the_grace_period_covers_every_stop_and_goes_to_torch_where_its_agent_takes_it():
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     takes_it = "shutdown_timeout" in inspect.signature(LocalElasticAgent.__init__).parameters
-    expected = {"shutdown_timeout": 3} if takes_it else {"shutdown_grace_s": 3}
+    expected = {"shutdown_grace_s": 3}  # the survivors of a failed rank get it too
+    if takes_it:
+        expected["shutdown_timeout"] = 3
     assert supervisor.shutdown_grace(3) == expected
     assert supervisor.shutdown_grace(None) == {}
 

@@ -238,13 +238,16 @@ def run_agent(
 
 
 def shutdown_grace(seconds: int | None) -> dict[str, Any]:
-    """The agent's keyword argument for a ``seconds`` grace period: torch's
-    ``shutdown_timeout`` where its agent takes one, else `WatchedAgent` applies it itself."""
+    """The agent's keyword arguments for a ``seconds`` grace period before SIGKILL, whoever
+    stops the ranks: `WatchedAgent` applies it to every close that names no timeout (torch
+    stops the survivors of a failed rank that way, with its own 30 s), and torch's
+    ``shutdown_timeout``, where its agent takes one, covers the launcher being stopped."""
     if seconds is None:
         return {}
+    grace: dict[str, Any] = {"shutdown_grace_s": seconds}
     if torch_compat.agent_accepts("shutdown_timeout"):
-        return {"shutdown_timeout": int(seconds)}
-    return {"shutdown_grace_s": seconds}
+        grace["shutdown_timeout"] = int(seconds)
+    return grace
 
 
 def _static_master(params: RendezvousParameters) -> tuple[str | None, int | None]:
