@@ -1,15 +1,18 @@
-"""The simulated cluster: nodes, devices, links, parameter servers; read from YAML or flags.
+"""The simulated cluster: nodes, devices, links, input pipeline, parameter servers; read from
+YAML or flags.
 
 A cluster file (every key optional except ``nodes`` and ``devices_per_node``)::
 
-    nodes: 16
+    nodes: 4
     devices_per_node: 8
-    device: A100                 # cpu (the profile's own times) | V100 | A100 | H100
-    intra: {kind: nvlink, bandwidth: 300GB/s, latency: 3us}
-    inter: {bandwidth: 200gbit, latency: 5us, nics_per_node: 4, efficiency: 0.95}
-    memory_bandwidth: 1500GB/s   # default: the device's
-    compute: {efficiency: 0.5, shared_host_cores: 0}
-    ps: {servers: 4, bandwidth: 25gbit, latency: 20us}
+    device: V100                 # cpu | profiled | V100 | A100 | H100 | H200 | {name: ..., ...}
+    backend: auto                # auto (nccl on GPUs, gloo on cpu) | nccl | gloo
+    intra: {kind: nvlink, links: 6, link_bandwidth: 25GB/s, latency: 3us}
+    inter: {bandwidth: 100Gb/s, latency: 5us, nics_per_node: 4, gpudirect: true}
+    compute: {efficiency: 0.5, precision: fp32, jitter: 0.01, contention: 0.1}
+    input: {samples_per_s: 20000}                  # per node; default: never the bottleneck
+    memory_bandwidth: 900GB/s    # default: the device's
+    ps: {servers: 4, bandwidth: 25Gb/s, latency: 20us}
     algorithms: {ring: {bandwidth_efficiency: 0.8, overhead: 50us}}
 """
 
@@ -24,10 +27,15 @@ from typing import Any
 import yaml
 
 from longboat.sim import devices
-from longboat.sim.units import UnitError, bandwidth, duration
+from longboat.sim.devices import Device, DeviceError
+from longboat.sim.units import UnitError, bandwidth, duration, rate_text
 
-INTRA_KINDS = ("nvlink", "pcie", "shm", "loopback")
+INTRA_KINDS = ("nvlink", "nvswitch", "pcie", "shm", "loopback")
+GPU_LINKS = ("nvlink", "nvswitch", "pcie")
 ALGORITHMS = ("native", "ring", "hierarchical", "shm")
+BACKENDS = ("auto", "nccl", "gloo")
+HOST_DEVICES = ("cpu", "profiled")
+PCIE_GEN3_X16 = 15.75e9  # bytes/s per direction
 
 
 class ClusterError(ValueError):
@@ -36,13 +44,18 @@ class ClusterError(ValueError):
 
 @dataclass(frozen=True)
 class Link:
-    """One link: bytes/s per direction, one-way latency per message, payload efficiency."""
+    """One link: bytes/s per direction, one-way latency per message, payload efficiency.
+
+    Intra-node links are per device (NVLink: ``links`` ports of the device); inter-node links
+    are per NIC, ``nics_per_node`` of them, with or without GPUDirect RDMA."""
 
     bandwidth: float
     latency: float
     kind: str = "net"
     nics_per_node: int = 1
     efficiency: float = 1.0
+    links: float = 0.0  # NVLink ports in use per device (0: not described)
+    gpudirect: bool = True
 
     @property
     def rate(self) -> float:
@@ -69,7 +82,7 @@ class Cluster:
     nodes: int
     devices_per_node: int
     device: str = "cpu"
-    intra: Link = field(default_factory=lambda: Link(300e9, 3e-6, "nvlink"))
+    intra: Link = field(default_factory=lambda: Link(300e9, 3e-6, "nvswitch", links=12))
     inter: Link = field(default_factory=lambda: Link(100e9 / 8, 5e-6))
     memory_bandwidth: float | None = None
     shm_passes: float = 3.0
@@ -77,59 +90,110 @@ class Cluster:
     shared_host_cores: float = 0.0
     ps: PsServers | None = None
     algorithms: Mapping[str, AlgorithmCost] = field(default_factory=dict)
+    device_spec: Device | None = None  # a described device, or a table one with overrides
+    backend: str = "auto"
+    precision: str = "fp32"  # what non-AMP compute runs in: fp32 or tf32
+    jitter: float | None = None  # per-rank step-time coefficient of variation
+    contention: float | None = None  # slowdown of compute overlapped by collectives
+    input_rate: float | None = None  # samples/s one node's input pipeline delivers
+    optimizer_bytes: float = devices.OPTIMIZER_BYTES_PER_PARAM
 
     @property
     def world(self) -> int:
         return self.nodes * self.devices_per_node
 
     @property
+    def is_gpu(self) -> bool:
+        """The device is an accelerator from the table or a description (not cpu/profiled)."""
+        return self.device not in HOST_DEVICES
+
+    @property
+    def spec(self) -> Device:
+        """The accelerator's figures (only for GPU devices)."""
+        if self.device_spec is not None:
+            return self.device_spec
+        if not self.is_gpu:
+            raise ClusterError(f"device {self.device!r} has no peak figures")
+        return devices.get(self.device)
+
+    @property
     def mem_bw(self) -> float:
-        """Memory bandwidth for shared-memory collectives and compression passes."""
+        """Memory bandwidth for shared-memory collectives, compression passes, bucket copies."""
         if self.memory_bandwidth:
             return self.memory_bandwidth
-        return devices.get(self.device).memory_bandwidth if self.device != "cpu" else 5e9
+        return self.spec.memory_bandwidth if self.is_gpu else 5e9
+
+    def resolved_backend(self, profile_device: str = "cpu") -> str:
+        """``nccl`` or ``gloo``: as set, else NCCL on accelerators and on ``profiled`` with a
+        profile measured on CUDA, Gloo otherwise."""
+        if self.backend != "auto":
+            return self.backend
+        if self.is_gpu or (self.device == "profiled" and profile_device.startswith("cuda")):
+            return "nccl"
+        return "gloo"
 
     def cost(self, algorithm: str) -> AlgorithmCost:
         return self.algorithms.get(algorithm, AlgorithmCost())
 
     def with_devices(self, n: int) -> Cluster:
-        """The same cluster cut to ``n`` devices: full nodes, or one partial node."""
+        """The same cluster cut to ``n`` devices: full nodes, or one partial node. On a
+        directly linked node (``nvlink`` without a switch) a part of the node uses only the
+        links among its devices: a device's links are spread evenly over its peers."""
         per = self.devices_per_node
         if n <= per:
-            return dataclasses.replace(self, nodes=1, devices_per_node=n)
+            intra = self.intra
+            if intra.kind == "nvlink" and per > 1 and n < per:
+                share = max(n - 1, 1) / (per - 1)
+                intra = dataclasses.replace(
+                    intra, bandwidth=intra.bandwidth * share, links=intra.links * share
+                )
+            return dataclasses.replace(self, nodes=1, devices_per_node=n, intra=intra)
         if n % per:
             raise ClusterError(f"{n} devices do not fill nodes of {per} devices")
         return dataclasses.replace(self, nodes=n // per)
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain mapping that :func:`from_dict` reads back (numbers in bytes/s, seconds)."""
+        """A plain mapping that :func:`from_dict` reads back (rates as ``'<bytes/s> B/s'``)."""
         out: dict[str, Any] = {
             "nodes": self.nodes,
             "devices_per_node": self.devices_per_node,
-            "device": self.device,
+            "device": self.device_spec.to_dict() if self.device_spec else self.device,
+            "backend": self.backend,
             "intra": _link_dict(self.intra, intra=True),
             "inter": _link_dict(self.inter, intra=False),
             "shm_passes": self.shm_passes,
             "compute": {
                 "efficiency": self.compute_efficiency,
                 "shared_host_cores": self.shared_host_cores,
+                "precision": self.precision,
+                "optimizer_bytes_per_param": self.optimizer_bytes,
             },
         }
+        for key in ("jitter", "contention"):
+            if getattr(self, key) is not None:
+                out["compute"][key] = getattr(self, key)
+        if self.input_rate is not None:
+            out["input"] = {"samples_per_s": self.input_rate}
         if self.memory_bandwidth:
-            out["memory_bandwidth"] = self.memory_bandwidth
+            out["memory_bandwidth"] = rate_text(self.memory_bandwidth)
         if self.ps:
-            out["ps"] = {"servers": self.ps.servers} | _link_dict(self.ps.link, intra=False)
+            ps = _link_dict(self.ps.link, intra=False)
+            ps.pop("gpudirect")
+            out["ps"] = {"servers": self.ps.servers} | ps
         if self.algorithms:
             out["algorithms"] = {k: dataclasses.asdict(v) for k, v in self.algorithms.items()}
         return out
 
 
 def _link_dict(link: Link, intra: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"bandwidth": link.bandwidth, "latency": link.latency}
+    out: dict[str, Any] = {"bandwidth": rate_text(link.bandwidth), "latency": link.latency}
     if intra:
         out["kind"] = link.kind
+        if link.links:
+            out["links"] = link.links
     else:
         out["nics_per_node"] = link.nics_per_node
+        out["gpudirect"] = link.gpudirect
     if link.efficiency != 1.0:
         out["efficiency"] = link.efficiency
     return out
@@ -139,13 +203,23 @@ _TOP = {
     "nodes",
     "devices_per_node",
     "device",
+    "backend",
     "intra",
     "inter",
     "memory_bandwidth",
     "shm_passes",
     "compute",
+    "input",
     "ps",
     "algorithms",
+}
+_COMPUTE = {
+    "efficiency",
+    "shared_host_cores",
+    "precision",
+    "jitter",
+    "contention",
+    "optimizer_bytes_per_param",
 }
 
 
@@ -172,50 +246,142 @@ def _fraction(value: Any, where: str) -> float:
     return float(value)
 
 
-def _link(data: Any, where: str, default: Link, intra: bool) -> Link:
-    if data is None:
-        return default
-    keys = {"bandwidth", "latency", "efficiency"} | ({"kind"} if intra else {"nics_per_node"})
-    _check_keys(data, keys, where)
+def _non_negative(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ClusterError(f"{where}: a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _rate(value: Any, where: str) -> float:
     try:
-        bw = bandwidth(data["bandwidth"], f"{where}.bandwidth") if "bandwidth" in data else None
-        lat = duration(data["latency"], f"{where}.latency") if "latency" in data else None
+        return bandwidth(value, where)
     except UnitError as exc:
         raise ClusterError(str(exc)) from None
+
+
+def _time(value: Any, where: str) -> float:
+    try:
+        return duration(value, where)
+    except UnitError as exc:
+        raise ClusterError(str(exc)) from None
+
+
+def _intra(data: Any, where: str, default: Link) -> Link:
+    if data is None:
+        return default
+    keys = {"kind", "bandwidth", "links", "link_bandwidth", "latency", "efficiency"}
+    _check_keys(data, keys, where)
     kind = data.get("kind", default.kind)
-    if intra and kind not in INTRA_KINDS:
+    if kind not in INTRA_KINDS:
         raise ClusterError(f"{where}.kind: {kind!r} is not one of {', '.join(INTRA_KINDS)}")
+    links = data.get("links")
+    if links is not None:
+        if kind not in ("nvlink", "nvswitch"):
+            raise ClusterError(f"{where}.links: NVLink ports, only with kind nvlink or nvswitch")
+        if isinstance(links, bool) or not isinstance(links, int | float) or links <= 0:
+            raise ClusterError(f"{where}.links: a positive number of NVLink ports, got {links!r}")
+        if "bandwidth" in data:
+            raise ClusterError(
+                f"{where}: give either bandwidth (per device, all links together) or links "
+                "with link_bandwidth (per link and direction), not both"
+            )
+        link_bw = _rate(data.get("link_bandwidth", "25GB/s"), f"{where}.link_bandwidth")
+        bw = links * link_bw
+    elif "link_bandwidth" in data:
+        raise ClusterError(f"{where}.link_bandwidth needs links (NVLink ports per device)")
+    elif "bandwidth" in data:
+        bw = _rate(data["bandwidth"], f"{where}.bandwidth")
+    elif kind == default.kind:
+        bw, links = default.bandwidth, default.links
+    elif kind == "pcie":
+        bw = PCIE_GEN3_X16
+    else:
+        raise ClusterError(
+            f"{where}: kind {kind} needs bandwidth (per device) or links and link_bandwidth"
+        )
+    latency = _time(data["latency"], f"{where}.latency") if "latency" in data else default.latency
     eff = _fraction(data["efficiency"], f"{where}.efficiency") if "efficiency" in data else 1.0
+    return Link(bw, latency, kind, 1, eff, float(links or 0.0))
+
+
+def _inter(data: Any, where: str, default: Link) -> Link:
+    if data is None:
+        return default
+    keys = {"bandwidth", "latency", "nics_per_node", "efficiency", "gpudirect"}
+    _check_keys(data, keys, where)
+    bw = _rate(data["bandwidth"], f"{where}.bandwidth") if "bandwidth" in data else None
+    lat = _time(data["latency"], f"{where}.latency") if "latency" in data else None
+    eff = _fraction(data["efficiency"], f"{where}.efficiency") if "efficiency" in data else 1.0
+    gdr = data.get("gpudirect", default.gpudirect)
+    if not isinstance(gdr, bool):
+        raise ClusterError(f"{where}.gpudirect: true or false, got {gdr!r}")
     return Link(
         bw if bw is not None else default.bandwidth,
         lat if lat is not None else default.latency,
-        kind,
+        "net",
         _positive_int(data, "nics_per_node", where, default.nics_per_node),
         eff,
+        gpudirect=gdr,
     )
 
 
-def default_intra(device: str) -> Link:
-    if device == "cpu":
+def default_intra(device: str, spec: Device | None) -> Link:
+    """Host devices: a loopback link; GPUs: their NVLink ports behind NVSwitch when they have 12
+    or more (DGX A100/H100), directly linked otherwise (DGX-1), PCIe without NVLink."""
+    if spec is None:
         return Link(2e9, 20e-6, "loopback")
-    spec = devices.get(device)
-    return Link(spec.nvlink_bandwidth, 3e-6, "nvlink")
+    if spec.nvlink_links == 0:
+        return Link(PCIE_GEN3_X16, 5e-6, "pcie")
+    kind = "nvswitch" if spec.nvlink_links >= 12 else "nvlink"
+    return Link(spec.nvlink_bandwidth, 3e-6, kind, links=float(spec.nvlink_links))
+
+
+def _device(data: Mapping[str, Any], where: str) -> tuple[str, Device | None]:
+    raw = data.get("device", "cpu")
+    try:
+        if isinstance(raw, Mapping):
+            spec = devices.from_dict(raw, f"{where}.device")
+            return spec.name, spec
+        name = str(raw)
+        if name in HOST_DEVICES:
+            return name, None
+        return name, devices.get(name)
+    except DeviceError as exc:
+        raise ClusterError(f"{where}.device: {exc}") from None
 
 
 def from_dict(data: Mapping[str, Any], where: str = "cluster") -> Cluster:
     """Validate and build a :class:`Cluster`; errors name the key and the allowed values."""
     _check_keys(data, _TOP, where)
-    device = str(data.get("device", "cpu"))
-    if device != "cpu":
-        try:
-            devices.get(device)
-        except KeyError as exc:
-            raise ClusterError(f"{where}.device: {exc.args[0]}") from None
+    device, spec = _device(data, where)
+    custom = spec if isinstance(data.get("device"), Mapping) else None
+    backend = data.get("backend", "auto")
+    if backend not in BACKENDS:
+        raise ClusterError(f"{where}.backend: {backend!r} is not one of {', '.join(BACKENDS)}")
     compute = data.get("compute") or {}
-    _check_keys(compute, {"efficiency", "shared_host_cores"}, f"{where}.compute")
-    cores = compute.get("shared_host_cores", 0)
-    if isinstance(cores, bool) or not isinstance(cores, int | float) or cores < 0:
-        raise ClusterError(f"{where}.compute.shared_host_cores: a number >= 0, got {cores!r}")
+    _check_keys(compute, _COMPUTE, f"{where}.compute")
+    cores = _non_negative(compute.get("shared_host_cores", 0), f"{where}.compute.shared_host_cores")
+    precision = compute.get("precision", "fp32")
+    if precision not in ("fp32", "tf32"):
+        raise ClusterError(
+            f"{where}.compute.precision: {precision!r}; fp32 or tf32 (AMP picks fp16/bf16 "
+            "from the Strategy's amp_configs)"
+        )
+    extras = {
+        key: _non_negative(compute[key], f"{where}.compute.{key}")
+        for key in ("jitter", "contention")
+        if compute.get(key) is not None
+    }
+    opt_bytes = compute.get("optimizer_bytes_per_param", devices.OPTIMIZER_BYTES_PER_PARAM)
+    if isinstance(opt_bytes, bool) or not isinstance(opt_bytes, int | float) or opt_bytes <= 0:
+        raise ClusterError(f"{where}.compute.optimizer_bytes_per_param: > 0, got {opt_bytes!r}")
+    input_rate = None
+    if data.get("input") is not None:
+        _check_keys(data["input"], {"samples_per_s"}, f"{where}.input")
+        rate = data["input"].get("samples_per_s")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or rate <= 0:
+            raise ClusterError(f"{where}.input.samples_per_s: samples/s per node, got {rate!r}")
+        input_rate = float(rate)
     ps = None
     if data.get("ps"):
         ps_data = dict(data["ps"])
@@ -226,7 +392,7 @@ def from_dict(data: Mapping[str, Any], where: str = "cluster") -> Cluster:
         )
         servers = _positive_int(ps_data, "servers", f"{where}.ps")
         ps_data.pop("servers")
-        ps = PsServers(servers, _link(ps_data, f"{where}.ps", Link(25e9 / 8, 20e-6), intra=False))
+        ps = PsServers(servers, _inter(ps_data, f"{where}.ps", Link(25e9 / 8, 20e-6)))
     algorithms = {}
     for name, cost in (data.get("algorithms") or {}).items():
         if name not in ALGORITHMS:
@@ -237,31 +403,37 @@ def from_dict(data: Mapping[str, Any], where: str = "cluster") -> Cluster:
         eff = cost.get("bandwidth_efficiency", 1.0)
         if isinstance(eff, bool) or not isinstance(eff, int | float) or eff <= 0:
             raise ClusterError(f"{where}.algorithms.{name}.bandwidth_efficiency: > 0, got {eff!r}")
-        try:
-            overhead = duration(cost.get("overhead", 0.0), f"{where}.algorithms.{name}.overhead")
-        except UnitError as exc:
-            raise ClusterError(str(exc)) from None
+        overhead = _time(cost.get("overhead", 0.0), f"{where}.algorithms.{name}.overhead")
         algorithms[name] = AlgorithmCost(float(eff), overhead)
-    try:
-        mem = data.get("memory_bandwidth")
-        mem_bw = bandwidth(mem, f"{where}.memory_bandwidth") if mem is not None else None
-    except UnitError as exc:
-        raise ClusterError(str(exc)) from None
+    mem = data.get("memory_bandwidth")
+    mem_bw = _rate(mem, f"{where}.memory_bandwidth") if mem is not None else None
     passes = data.get("shm_passes", 3.0)
     if isinstance(passes, bool) or not isinstance(passes, int | float) or passes <= 0:
         raise ClusterError(f"{where}.shm_passes: a positive number, got {passes!r}")
+    intra = _intra(data.get("intra"), f"{where}.intra", default_intra(device, spec))
+    if spec is not None and intra.kind in ("shm", "loopback"):
+        raise ClusterError(
+            f"{where}.intra.kind: {intra.kind} is a host link; GPUs use nvlink, nvswitch or pcie"
+        )
     return Cluster(
         nodes=_positive_int(data, "nodes", where),
         devices_per_node=_positive_int(data, "devices_per_node", where),
         device=device,
-        intra=_link(data.get("intra"), f"{where}.intra", default_intra(device), intra=True),
-        inter=_link(data.get("inter"), f"{where}.inter", Link(100e9 / 8, 5e-6), intra=False),
+        intra=intra,
+        inter=_inter(data.get("inter"), f"{where}.inter", Link(100e9 / 8, 5e-6)),
         memory_bandwidth=mem_bw,
         shm_passes=float(passes),
         compute_efficiency=_fraction(compute.get("efficiency", 0.5), f"{where}.compute.efficiency"),
-        shared_host_cores=float(cores),
+        shared_host_cores=cores,
         ps=ps,
         algorithms=algorithms,
+        device_spec=custom,
+        backend=backend,
+        precision=precision,
+        jitter=extras.get("jitter"),
+        contention=extras.get("contention"),
+        input_rate=input_rate,
+        optimizer_bytes=float(opt_bytes),
     )
 
 

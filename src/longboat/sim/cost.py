@@ -14,12 +14,18 @@ collectives in flight at the same moment, see `longboat.sim.timeline`):
 
 Across nodes the ring's link is ``min(intra rate, inter rate * min(NICs, L))`` (one ring per
 NIC). Calibrated per-algorithm corrections add a fixed overhead per call and scale bandwidth.
+
+These alpha-beta rules are the Gloo backend's (CPU ranks, calibrated by `longboat sim
+calibrate`). With NCCL (GPU devices) ``native`` and ``ring`` follow NCCL's own cost model
+(`longboat.sim.nccl`: message-size dependent, ring or tree, LL/LL128/Simple), and
+``hierarchical``'s stages are NCCL reduce-scatter, allreduce and all-gather.
 """
 
 from __future__ import annotations
 
 import math
 
+from longboat.sim import nccl
 from longboat.sim.cluster import Cluster
 
 Parts = tuple[float, float]  # (latency seconds, link seconds)
@@ -60,8 +66,39 @@ def shm(nbytes: float, local: int, cluster: Cluster) -> Parts:
     return 0.0, cluster.shm_passes * nbytes * local / cluster.mem_bw
 
 
+def _arch(cluster: Cluster) -> str:
+    return cluster.spec.arch if cluster.is_gpu else "ampere"
+
+
+def _intra_bus(cluster: Cluster) -> float:
+    return nccl.intra_rate(cluster.intra.kind, cluster.intra.rate, _arch(cluster))
+
+
+def _hop(cluster: Cluster) -> str:
+    return "nvlink" if cluster.intra.kind in ("nvlink", "nvswitch") else "pcie"
+
+
+def fabric(cluster: Cluster) -> nccl.Fabric:
+    """The NCCL communicator over every rank of ``cluster``."""
+    intra = _intra_bus(cluster)
+    if cluster.nodes == 1:
+        bus, channels = intra, nccl.channels_for(intra, cluster.intra.links)
+    else:
+        nics = min(cluster.inter.nics_per_node, cluster.devices_per_node)
+        net = nics * nccl.nic_rate(cluster.inter.rate, cluster.inter.gpudirect)
+        bus, channels = min(intra, net), 2 * nics
+    return nccl.Fabric(cluster.world, cluster.nodes, bus, channels, _hop(cluster), _arch(cluster))
+
+
+def uses_nccl(cluster: Cluster) -> bool:
+    return cluster.resolved_backend() == "nccl"
+
+
 def flat_link(cluster: Cluster) -> tuple[float, float]:
     """(alpha, rate) of a collective over every rank of the cluster."""
+    if uses_nccl(cluster):
+        alpha = cluster.intra.latency if cluster.nodes == 1 else cluster.inter.latency
+        return alpha, fabric(cluster).bus_bw
     if cluster.nodes == 1:
         return cluster.intra.latency, cluster.intra.rate
     nics = min(cluster.inter.nics_per_node, cluster.devices_per_node)
@@ -76,9 +113,27 @@ def _intra_stage(nbytes: float, cluster: Cluster) -> Parts:
     return half_ring(nbytes, local, cluster.intra.latency, cluster.intra.rate)
 
 
+def _nccl_allreduce(nbytes: float, cluster: Cluster, algorithm: str) -> Parts:
+    """NCCL's cost; ``hierarchical`` as longboat runs it on NCCL communicators."""
+    local, nodes = cluster.devices_per_node, cluster.nodes
+    if algorithm == "hierarchical" and nodes > 1 and local > 1:
+        arch, intra = _arch(cluster), _intra_bus(cluster)
+        node = nccl.Fabric(local, 1, intra, nccl.channels_for(intra, cluster.intra.links),
+                           _hop(cluster), arch)  # fmt: skip
+        nics = min(cluster.inter.nics_per_node, local)
+        per_group = nics * nccl.nic_rate(cluster.inter.rate, cluster.inter.gpudirect) / local
+        across = nccl.Fabric(nodes, nodes, per_group, 2, _hop(cluster), arch)
+        stage = nccl.half_ring(nbytes, node)
+        inter = nccl.allreduce(nbytes / local, across)
+        return 2 * stage[0] + inter[0], 2 * stage[1] + inter[1]
+    return nccl.allreduce(nbytes, fabric(cluster), "ring" if algorithm == "ring" else None)
+
+
 def applicable(algorithm: str, cluster: Cluster) -> bool:
     if algorithm == "shm":
-        return cluster.nodes == 1 and cluster.intra.kind in ("shm", "loopback")
+        return (cluster.nodes == 1 and cluster.intra.kind in ("shm", "loopback")) and not uses_nccl(
+            cluster
+        )
     return algorithm in ("native", "ring", "hierarchical")
 
 
@@ -89,7 +144,9 @@ def allreduce(nbytes: float, cluster: Cluster, algorithm: str = "native") -> Par
         return 0.0, 0.0
     if not applicable(algorithm, cluster):
         raise CostError(f"allreduce algorithm {algorithm!r} does not apply to {nodes} node(s)")
-    if algorithm == "shm":
+    if uses_nccl(cluster):
+        lat, bw = _nccl_allreduce(nbytes, cluster, algorithm)
+    elif algorithm == "shm":
         lat, bw = shm(nbytes, local, cluster)
     elif algorithm == "hierarchical" and nodes > 1 and local > 1:
         intra = _intra_stage(nbytes, cluster)

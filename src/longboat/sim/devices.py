@@ -1,34 +1,89 @@
-"""Published peak figures of a few accelerators, and the efficiency model that turns a profile
-measured on this machine into compute times on one of them.
+"""Accelerators: published peak figures (or a user's own), and the efficiency model that turns a
+profile into compute times on one of them.
 
 Model: a step's forward+backward takes ``flops / (peak * efficiency) + layers * launch``
-on the device (``peak``: the dense float32 figure, or the float16/bfloat16 tensor-core figure
-with AMP; ``efficiency``: the fraction of peak a real model sustains, 0.5 by default; ``launch``:
-a fixed cost per layer and pass). That total is spread over the step in the proportions the
-profile measured, so the order and spacing of gradient-ready times are kept. The optimizer is
-memory-bound: ``5 x 4`` bytes per parameter (read weight, grad, momentum; write weight, momentum)
+on the device (``peak``: the dense figure of the precision the step computes in: fp32, tf32, or
+fp16/bf16 tensor cores under AMP; ``efficiency``: the fraction of peak a real model sustains,
+0.5 by default or calibrated from one measured step; ``launch``: a fixed cost per layer and
+pass). That total is spread over the step in the proportions the profile measured, so the order
+and spacing of gradient-ready times are kept. The optimizer is memory-bound:
+``bytes_per_param`` (20 for momentum SGD: read weight, grad, momentum; write weight, momentum)
 at 80 % of the memory bandwidth.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from longboat.sim.units import UnitError, bandwidth, flop_rate, rate_text
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+ARCHS = ("volta", "ampere", "hopper", "blackwell")
+NVLINK_LINK_BW = 25e9  # bytes/s per link and direction, NVLink 2, 3 and 4
+
+
+class DeviceError(ValueError):
+    """A device that is not known or not fully described."""
 
 
 @dataclass(frozen=True)
 class Device:
+    """One accelerator: dense peak FLOP/s per precision, memory bandwidth and NVLink ports."""
+
     name: str
-    fp32_flops: float  # dense, no tensor cores
-    half_flops: float  # dense float16/bfloat16 tensor cores
+    peak_flops: Mapping[str, float]  # precision -> dense FLOP/s (no sparsity)
     memory_bandwidth: float  # bytes/s
-    nvlink_bandwidth: float  # bytes/s per direction per device
+    nvlink_links: int = 0  # NVLink ports per device
+    nvlink_link_bandwidth: float = NVLINK_LINK_BW  # bytes/s per link and direction
+    sms: int = 0  # streaming multiprocessors (0: unknown)
+    arch: str = "ampere"  # selects NCCL's per-architecture constants (longboat.sim.nccl)
+
+    @property
+    def nvlink_bandwidth(self) -> float:
+        """Aggregate NVLink bytes/s per direction."""
+        return self.nvlink_links * self.nvlink_link_bandwidth
+
+    def peak(self, precision: str) -> float:
+        """Dense FLOP/s in ``precision``; a precision the description lacks is an error."""
+        if precision not in self.peak_flops:
+            given = ", ".join(sorted(self.peak_flops))
+            raise DeviceError(
+                f"device {self.name}: no peak FLOP/s for {precision} (given: {given}); "
+                f"add it, e.g. --peak-flops {precision}=312TFLOPS or "
+                f"device: {{peak_flops: {{{precision}: 312TFLOPS}}}}"
+            )
+        return self.peak_flops[precision]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A mapping :func:`from_dict` reads back."""
+        return {
+            "name": self.name,
+            "peak_flops": {k: float(v) for k, v in self.peak_flops.items()},
+            "memory_bandwidth": rate_text(self.memory_bandwidth),
+            "nvlink": {
+                "links": self.nvlink_links,
+                "link_bandwidth": rate_text(self.nvlink_link_bandwidth),
+            },
+            "sms": self.sms,
+            "arch": self.arch,
+        }
 
 
-#: SXM parts, vendor data sheets (dense figures, no sparsity).
+def _table(name: str, fp32: float, tf32: float, half: float, bf16: float, mem: float,
+           links: int, sms: int, arch: str) -> Device:  # fmt: skip
+    peaks = {"fp32": fp32, "tf32": tf32, "fp16": half, "bf16": bf16}
+    return Device(name, peaks, mem, links, NVLINK_LINK_BW, sms, arch)
+
+
+#: SXM parts, vendor data sheets (dense figures, no sparsity). V100 has no TF32 or bf16 tensor
+#: cores: those precisions run at the fp32 figure.
 DEVICES: dict[str, Device] = {
-    "V100": Device("V100", 15.7e12, 125e12, 900e9, 150e9),
-    "A100": Device("A100", 19.5e12, 312e12, 2039e9, 300e9),
-    "H100": Device("H100", 67e12, 989e12, 3350e9, 450e9),
+    "V100": _table("V100", 15.7e12, 15.7e12, 125e12, 15.7e12, 900e9, 6, 80, "volta"),
+    "A100": _table("A100", 19.5e12, 156e12, 312e12, 312e12, 2039e9, 12, 108, "ampere"),
+    "H100": _table("H100", 67e12, 494.7e12, 989.4e12, 989.4e12, 3350e9, 18, 132, "hopper"),
+    "H200": _table("H200", 67e12, 494.7e12, 989.4e12, 989.4e12, 4800e9, 18, 132, "hopper"),
 }
 
 LAUNCH_S = 5e-6
@@ -37,21 +92,91 @@ MEMORY_EFFICIENCY = 0.8
 
 
 def get(name: str) -> Device:
-    """The device called ``name`` (case-insensitive)."""
+    """The table's device called ``name`` (case-insensitive)."""
     for key, device in DEVICES.items():
         if key.lower() == name.lower():
             return device
-    raise KeyError(f"unknown device {name!r}; choose cpu or one of {', '.join(DEVICES)}")
+    raise DeviceError(
+        f"unknown device {name!r}; choose cpu, profiled, one of {', '.join(DEVICES)}, or "
+        "describe it: device: {name: ..., peak_flops: {fp32: ..., bf16: ...}, "
+        "memory_bandwidth: ...} (flags: --peak-flops, --memory-bandwidth)"
+    )
+
+
+def known(name: str) -> bool:
+    return any(key.lower() == name.lower() for key in DEVICES)
+
+
+def from_dict(data: Mapping[str, Any], where: str = "device") -> Device:
+    """A device described by a mapping; with a table ``name`` the given keys override the
+    table's figures, otherwise ``peak_flops`` (with fp32) and ``memory_bandwidth`` are
+    required."""
+    allowed = {"name", "peak_flops", "memory_bandwidth", "nvlink", "sms", "arch"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise DeviceError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise DeviceError(f"{where}.name: a device name is required, e.g. name: L40S")
+    base = get(name) if known(name) else None
+    peaks = dict(base.peak_flops) if base else {}
+    given = data.get("peak_flops") or {}
+    if not isinstance(given, Mapping):
+        raise DeviceError(f"{where}.peak_flops: a mapping such as {{fp32: 19.5TFLOPS}}")
+    for precision, value in given.items():
+        if precision not in PRECISIONS:
+            raise DeviceError(
+                f"{where}.peak_flops: {precision!r} is not one of {', '.join(PRECISIONS)}"
+            )
+        try:
+            peaks[precision] = flop_rate(value, f"{where}.peak_flops.{precision}")
+        except UnitError as exc:
+            raise DeviceError(str(exc)) from None
+    if "fp32" not in peaks:
+        raise DeviceError(f"{where}.peak_flops.fp32 is required for device {name!r}")
+    mem = data.get("memory_bandwidth")
+    if mem is None and base is None:
+        raise DeviceError(f"{where}.memory_bandwidth is required for device {name!r}")
+    try:
+        mem_bw = bandwidth(mem, f"{where}.memory_bandwidth") if mem is not None else None
+        nvlink = data.get("nvlink") or {}
+        if not isinstance(nvlink, Mapping) or set(nvlink) - {"links", "link_bandwidth"}:
+            raise DeviceError(f"{where}.nvlink: a mapping {{links: 18, link_bandwidth: 25GB/s}}")
+        link_bw = (
+            bandwidth(nvlink["link_bandwidth"], f"{where}.nvlink.link_bandwidth")
+            if "link_bandwidth" in nvlink
+            else (base.nvlink_link_bandwidth if base else NVLINK_LINK_BW)
+        )
+    except UnitError as exc:
+        raise DeviceError(str(exc)) from None
+    links = nvlink.get("links", base.nvlink_links if base else 0)
+    sms = data.get("sms", base.sms if base else 0)
+    for key, value in (("nvlink.links", links), ("sms", sms)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise DeviceError(f"{where}.{key}: a non-negative integer, got {value!r}")
+    arch = data.get("arch", base.arch if base else "ampere")
+    if arch not in ARCHS:
+        raise DeviceError(f"{where}.arch: {arch!r} is not one of {', '.join(ARCHS)}")
+    return Device(
+        name,
+        peaks,
+        mem_bw if mem_bw is not None else base.memory_bandwidth,  # type: ignore[union-attr]
+        links,
+        link_bw,
+        sms,
+        arch,
+    )
 
 
 def compute_seconds(
-    flops: float, layers: int, device: Device, efficiency: float, amp: bool
+    flops: float, layers: int, device: Device, efficiency: float, precision: str
 ) -> float:
     """Forward+backward seconds of ``flops`` on ``device`` (see the module docstring)."""
-    peak = device.half_flops if amp else device.fp32_flops
-    return flops / (peak * efficiency) + 2 * layers * LAUNCH_S
+    return flops / (device.peak(precision) * efficiency) + 2 * layers * LAUNCH_S
 
 
-def optimizer_seconds(params: int, device: Device) -> float:
-    """Seconds of one momentum-SGD update of ``params`` float32 parameters."""
-    return params * OPTIMIZER_BYTES_PER_PARAM / (device.memory_bandwidth * MEMORY_EFFICIENCY)
+def optimizer_seconds(
+    params: int, device: Device, bytes_per_param: float = OPTIMIZER_BYTES_PER_PARAM
+) -> float:
+    """Seconds of one optimizer update of ``params`` parameters (memory-bound)."""
+    return params * bytes_per_param / (device.memory_bandwidth * MEMORY_EFFICIENCY)

@@ -5,24 +5,36 @@ Collective mode: backward produces the gradients at the profiled times; the real
 topology rule are resolved for the cluster, see `comm_settings`) groups them; each bucket
 is launched when its last gradient is ready (in plan order) on the communicator the
 reducer gives it (`longboat.collective.buckets.assign_communicators`) and costed by
-`longboat.sim.compression` / `longboat.sim.cost`; the timeline (`longboat.sim.timeline`) overlaps it with the rest of backward. The step is
+`longboat.sim.compression` / `longboat.sim.cost`; the timeline (`longboat.sim.timeline`)
+overlaps it with the rest of backward. The step is
 ``forward + max(backward, last collective) + optimizer``. Gradient merge runs k-1 micro-steps
 without communication; local SGD averages all parameters (not overlapped) every k steps.
 Parameter-server mode is `longboat.sim.ps`.
+
+What else a synchronous step loses on GPUs (each 0 unless the cluster sets or implies it):
+
+* contention: while collectives run, the backward computing beside them is slowed by the factor
+  ``1 + contention`` (NCCL's kernels take SMs and memory bandwidth, see `default_contention`);
+* stragglers: every rank waits for the slowest (`longboat.sim.straggler`), ``jitter`` being the
+  coefficient of variation of one rank's compute per step;
+* input: a node's input pipeline delivering ``input.samples_per_s`` bounds the step from below
+  at ``batch * ranks per node / samples_per_s``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from longboat.cluster.topology import comm_defaults
 from longboat.collective.buckets import assign_communicators, plan_buckets
 from longboat.sim import cost, devices
-from longboat.sim.cluster import Cluster
+from longboat.sim.cluster import Cluster, ClusterError
 from longboat.sim.compression import bucket_parts
 from longboat.sim.profile import Profile
-from longboat.sim.timeline import Job, finish_times
+from longboat.sim.straggler import straggler_seconds
+from longboat.sim.timeline import Job, busy_before, finish_times
 from longboat.strategy import Strategy
 from longboat.strategy.selection import (
     TOPOLOGY,
@@ -48,6 +60,9 @@ class Prediction:
     bytes_sent: int  # per rank and step
     algorithm: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    straggler_s: float = 0.0  # waiting for the slowest rank, per step
+    contention_s: float = 0.0  # backward slowed by the collectives beside it, per step
+    input_wait_s: float = 0.0  # waiting for the input pipeline, per step
 
     @property
     def overlap(self) -> float:
@@ -74,7 +89,7 @@ def comm_settings(strategy: Strategy, cluster: Cluster) -> CommSettings:
     and a bucket cap or communicator count left at its default follow the topology rule
     (`longboat.cluster.topology.comm_defaults`) of the cluster's placement and backend."""
     node_of = [rank // cluster.devices_per_node for rank in range(cluster.world)]
-    rule = comm_defaults(node_of, "gloo" if cluster.device == "cpu" else "nccl")
+    rule = comm_defaults(node_of, cluster.resolved_backend())
     algorithm = selected_algorithm(strategy)
     if strategy.allreduce_algorithm == TOPOLOGY and not strategy.use_hierarchical_allreduce:
         algorithm = rule.algorithm  # the rule of this cluster, not of a live one in this process
@@ -87,9 +102,46 @@ def comm_settings(strategy: Strategy, cluster: Cluster) -> CommSettings:
     )
 
 
-def device_profile(profile: Profile, cluster: Cluster, amp: bool) -> Profile:
+#: Coefficient of variation of one rank's compute per step on a GPU when the cluster does not
+#: set ``compute.jitter`` (see docs/sim.md: where it comes from and how to measure it).
+DEFAULT_GPU_JITTER = 0.0
+#: Share of backward time bound by memory bandwidth (for the default contention).
+MEMORY_BOUND_SHARE = 0.5
+#: Device-memory bytes a collective moves per byte on the bus (read own chunk, read the
+#: received one, write the sum).
+MEMORY_BYTES_PER_BUS_BYTE = 3.0
+
+
+def resolve(cluster: Cluster, profile: Profile) -> Cluster:
+    """``cluster`` with its backend resolved for ``profile`` (see `Cluster.resolved_backend`);
+    a GPU profile taken as measured (``device: profiled``) on NCCL needs its links and memory
+    bandwidth described, since there is no device table to take them from."""
+    backend = cluster.resolved_backend(profile.device)
+    if cluster.device == "profiled" and backend == "nccl":
+        if cluster.intra.kind in ("shm", "loopback"):
+            raise ClusterError(
+                "device: profiled with NCCL needs the GPUs' intra-node link: "
+                "intra: {kind: nvlink|nvswitch|pcie, links: N | bandwidth: RATE}"
+            )
+        if not cluster.memory_bandwidth:
+            raise ClusterError(
+                "device: profiled with NCCL needs memory_bandwidth (the GPU's, e.g. 2039GB/s)"
+            )
+    return cluster if backend == cluster.backend else dataclasses.replace(cluster, backend=backend)
+
+
+def precision(strategy: Strategy, cluster: Cluster) -> str:
+    """What the step computes in: fp16/bf16 under AMP (amp_configs' dtype), else the
+    cluster's fp32 or tf32."""
+    if strategy.amp:
+        return "bf16" if strategy.amp_configs.get("dtype") == "bfloat16" else "fp16"
+    return cluster.precision
+
+
+def device_profile(profile: Profile, cluster: Cluster, strategy: Strategy | None = None) -> Profile:
     """The profile's times on the cluster's devices (see `longboat.sim.devices`)."""
-    if cluster.device == "cpu":
+    strategy = strategy if strategy is not None else Strategy()
+    if not cluster.is_gpu:
         factor = 1.0
         if cluster.shared_host_cores:
             busy = cluster.world * profile.threads
@@ -98,23 +150,47 @@ def device_profile(profile: Profile, cluster: Cluster, amp: bool) -> Profile:
     if profile.flops <= 0:
         raise ValueError(
             f"profile of {profile.model} has no FLOP count; re-run `longboat sim profile` "
-            "or simulate with device: cpu"
+            "or simulate with device: profiled"
         )
-    device = devices.get(cluster.device)
+    spec = cluster.spec
     layers = len({p.layer for p in profile.params}) or 1
     seconds = devices.compute_seconds(
-        profile.flops, layers, device, cluster.compute_efficiency, amp
+        profile.flops, layers, spec, cluster.compute_efficiency, precision(strategy, cluster)
     )
     return profile.scaled(
-        seconds / profile.compute_s, devices.optimizer_seconds(profile.param_count, device)
+        seconds / profile.compute_s,
+        devices.optimizer_seconds(profile.param_count, spec, cluster.optimizer_bytes),
     )
 
 
 def flop_rate(profile: Profile, cluster: Cluster) -> float:
     """FLOP/s the compute reaches (PowerSGD's matrix products run at this rate)."""
-    if cluster.device != "cpu":
-        return devices.get(cluster.device).fp32_flops * cluster.compute_efficiency
+    if cluster.is_gpu:
+        return cluster.spec.peak("fp32") * cluster.compute_efficiency
     return profile.flops / profile.compute_s if profile.flops > 0 else 1e10
+
+
+def default_contention(cluster: Cluster) -> float:
+    """The slowdown of compute while an NCCL allreduce runs beside it, from the device's
+    figures: the SMs NCCL's channels occupy (one thread block each) plus, for the memory-bound
+    share of backward, the device-memory bandwidth the collective consumes
+    (``MEMORY_BYTES_PER_BUS_BYTE`` x bus bandwidth). 0 without NCCL or device figures."""
+    if cluster.resolved_backend() != "nccl" or not cluster.is_gpu or cluster.world <= 1:
+        return 0.0
+    spec, fabric = cluster.spec, cost.fabric(cluster)
+    sms = fabric.channels / spec.sms if spec.sms else 0.0
+    memory = MEMORY_BYTES_PER_BUS_BYTE * fabric.bus_bw / cluster.mem_bw
+    return sms + MEMORY_BOUND_SHARE * min(memory, 1.0)
+
+
+def contention_of(cluster: Cluster) -> float:
+    return cluster.contention if cluster.contention is not None else default_contention(cluster)
+
+
+def jitter_of(cluster: Cluster) -> float:
+    if cluster.jitter is not None:
+        return cluster.jitter
+    return DEFAULT_GPU_JITTER if cluster.resolved_backend() == "nccl" else 0.0
 
 
 def compression_of(strategy: Strategy) -> tuple[str, dict[str, Any]]:
@@ -123,24 +199,58 @@ def compression_of(strategy: Strategy) -> tuple[str, dict[str, Any]]:
     return entry.name, compressor_config(strategy, entry)
 
 
-def _result(cluster: Cluster, batch: int, step: float, **kw: Any) -> Prediction:
+def _finish(
+    cluster: Cluster,
+    prof: Profile,
+    step: float,
+    micro_steps: int,
+    **kw: Any,
+) -> Prediction:
+    """The prediction of one micro-step of ``step`` seconds, with the wait for the slowest rank
+    and for the input pipeline added."""
+    straggle = straggler_seconds(prof.compute_s, jitter_of(cluster), cluster.world, micro_steps)
+    step += straggle
+    wait = 0.0
+    if cluster.input_rate:
+        needed = prof.batch * cluster.devices_per_node / cluster.input_rate
+        wait = max(0.0, needed - step)
+        step += wait
     return Prediction(
         devices=cluster.world,
         nodes=cluster.nodes,
         step_s=step,
-        samples_per_s=batch * cluster.world / step,
+        samples_per_s=prof.batch * cluster.world / step,
+        straggler_s=straggle,
+        input_wait_s=wait,
         **kw,
     )
+
+
+def _timeline(
+    jobs: list[Job], backward: float, contention: float
+) -> tuple[list[float], float, float]:
+    """Finish times, the backward's end and the seconds contention added to it: backward is
+    stretched by ``contention`` x the share of it that collectives overlapped, and the buckets'
+    ready times with it (one fixed-point step)."""
+    finishes = finish_times(jobs)
+    if contention <= 0 or backward <= 0:
+        return finishes, backward, 0.0
+    stretch = 1 + contention * busy_before(jobs, backward) / backward
+    if stretch == 1:
+        return finishes, backward, 0.0
+    stretched = [dataclasses.replace(j, ready=j.ready * stretch) for j in jobs]
+    return finish_times(stretched), backward * stretch, backward * (stretch - 1)
 
 
 def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = None) -> Prediction:
     """Predict one step of ``profile`` on ``cluster`` under ``strategy`` (default Strategy)."""
     strategy = strategy if strategy is not None else Strategy()
+    cluster = resolve(cluster, profile)
     if strategy.mode == "ps":
         from longboat.sim.ps import simulate_ps
 
         return simulate_ps(profile, cluster, strategy)
-    prof = device_profile(profile, cluster, bool(strategy.amp))
+    prof = device_profile(profile, cluster, strategy)
     fwd, bwd, opt = prof.forward_s, prof.backward_s, prof.optimizer_s
     settings = comm_settings(strategy, cluster)
     algorithm = settings.algorithm
@@ -158,10 +268,11 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         average = (lat + bw + 2 * prof.grad_bytes / cluster.mem_bw) if cluster.world > 1 else 0.0
         n = cluster.world
         sent = int(2 * (n - 1) / n * prof.grad_bytes) if n > 1 else 0
-        return _result(
+        return _finish(
             cluster,
-            prof.batch,
+            prof,
             fwd + bwd + opt + average / k,
+            k,
             compute_s=fwd + bwd,
             exposed_comm_s=average / k,
             optimizer_s=opt,
@@ -199,19 +310,21 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         jobs.append(Job(ready, on_comm[b], lat, bw))
         sent += nbytes
         total += lat + bw
-    finishes = finish_times(jobs) if cluster.world > 1 else [0.0]
-    backward = bwd + copy_s
-    exposed = max(0.0, max(finishes) - backward) if cluster.world > 1 else 0.0
-    cycle = merge * (fwd + bwd) + copy_s + exposed + opt
+    exposed, contended = 0.0, 0.0
+    if cluster.world > 1:
+        finishes, backward, contended = _timeline(jobs, bwd + copy_s, contention_of(cluster))
+        exposed = max(0.0, max(finishes) - backward)
+    cycle = merge * (fwd + bwd) + copy_s + contended + exposed + opt
     if merge > 1:
         notes.append(f"gradient merge: one allreduce every {merge} micro-steps")
     if compression != "none":
         notes.append(f"compression {compression}")
-    return _result(
+    return _finish(
         cluster,
-        prof.batch,
+        prof,
         cycle / merge,
-        compute_s=fwd + bwd + copy_s / merge,
+        merge,
+        compute_s=fwd + bwd + (copy_s + contended) / merge,
         exposed_comm_s=exposed / merge,
         optimizer_s=opt / merge,
         comm_s=total / merge,
@@ -219,6 +332,7 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         bytes_sent=sent // merge,
         algorithm="+".join(sorted(chosen)),
         notes=tuple(notes),
+        contention_s=contended / merge,
     )
 
 

@@ -3,6 +3,7 @@ becomes ready during backward, saved as JSON."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ class Profile:
     threads: int = 1
     amp: bool = False
     host: str = ""
+    device: str = "cpu"  # where it was measured: cpu or cuda
 
     @property
     def compute_s(self) -> float:
@@ -94,7 +96,20 @@ class Profile:
             self.threads,
             self.amp,
             self.host,
+            self.device,
         )
+
+    def with_batch(self, batch: int) -> Profile:
+        """The profile at another batch per rank: FLOPs and compute times scale with the batch
+        (the optimizer does not); a profile's per-layer launch costs are not separated, so a
+        batch far from the measured one is an extrapolation."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ProfileError(f"batch must be a positive integer, got {batch!r}")
+        if batch == self.batch:
+            return self
+        factor = batch / self.batch
+        scaled = self.scaled(factor, optimizer_s=self.optimizer_s)
+        return dataclasses.replace(scaled, batch=batch, flops=self.flops * factor)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -137,6 +152,7 @@ def from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
             threads=int(data.get("threads", 1)),
             amp=bool(data.get("amp", False)),
             host=str(data.get("host", "")),
+            device=str(data.get("device", "cpu")),
         )
     except KeyError as exc:
         raise ProfileError(f"{where}: missing key {exc.args[0]!r}") from None

@@ -25,7 +25,7 @@ def simulate_ps(profile: Profile, cluster: Cluster, strategy: Strategy):  # noqa
 
     if cluster.ps is None:
         raise ValueError("mode='ps' needs a 'ps: {servers: S, bandwidth: ...}' cluster section")
-    prof = device_profile(profile, cluster, bool(strategy.amp))
+    prof = device_profile(profile, cluster, strategy)
     servers, link = cluster.ps.servers, cluster.ps.link
     trainers = cluster.world
     dense = prof.grad_bytes

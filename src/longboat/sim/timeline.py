@@ -25,8 +25,25 @@ class Job:
 
 def finish_times(jobs: Sequence[Job]) -> list[float]:
     """Finish time of every job (same order)."""
+    return schedule(jobs)[1]
+
+
+def busy_before(jobs: Sequence[Job], end: float) -> float:
+    """Seconds in ``[0, end]`` during which at least one job is in flight."""
+    starts, finishes = schedule(jobs)
+    busy, reach = 0.0, 0.0
+    for s, f in sorted(zip(starts, finishes, strict=True)):
+        s, f = max(s, reach), min(f, end)
+        if f > s:
+            busy += f - s
+            reach = f
+    return busy
+
+
+def schedule(jobs: Sequence[Job]) -> tuple[list[float], list[float]]:
+    """Start (latency phase begins) and finish time of every job (same order)."""
     if not jobs:
-        return []
+        return [], []
     launch: list[float] = []
     for job in jobs:
         launch.append(max(job.ready, launch[-1] if launch else job.ready))
@@ -39,6 +56,7 @@ def finish_times(jobs: Sequence[Job]) -> list[float]:
     lat_end: dict[int, float] = {}
     remaining: dict[int, float] = {}
     done = [0.0] * len(jobs)
+    started = [0.0] * len(jobs)
     t, left = 0.0, len(jobs)
     while left:
         for comm, q in queues.items():
@@ -46,6 +64,7 @@ def finish_times(jobs: Sequence[Job]) -> list[float]:
                 i = q[heads[comm]]
                 if launch[i] <= t + _EPS and free_at[comm] <= t + _EPS:
                     running[comm] = i
+                    started[i] = t
                     heads[comm] += 1
                     lat_end[i] = t + jobs[i].latency
                     remaining[i] = jobs[i].work
@@ -67,4 +86,4 @@ def finish_times(jobs: Sequence[Job]) -> list[float]:
                 free_at[comm] = t
                 del running[comm]
                 left -= 1
-    return done
+    return started, done

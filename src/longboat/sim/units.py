@@ -1,51 +1,104 @@
-"""Parsing of bandwidths, latencies and sizes written the way people write them."""
+"""Parsing of bandwidths, FLOP rates, latencies and sizes written the way people write them.
+
+Rates keep bits and bytes apart by the case of ``b``/``B``, as vendors write them:
+``100 Gb/s``, ``100 Gbit/s``, ``100 Gbps`` and ``100gbit`` are gigabits per second;
+``25 GB/s`` and ``25 GBps`` are gigabytes per second. A spelling whose meaning hangs on a case
+that was not written (``100gbps``, ``10 gb/s``, a bare number) is refused, naming these forms.
+tc's spellings (``mbit`` = bits, ``mbps`` = *bytes*) are read only where a tc rate is expected
+(``tc=True``).
+"""
 
 from __future__ import annotations
 
 import re
 
-_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z/]*)\s*$", re.IGNORECASE)
-_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-_BYTES = {
-    "b/s": 1,
-    "bps": 1,
-    "kb/s": 1e3,
-    "kbps": 1e3,
-    "mb/s": 1e6,
-    "mbps": 1e6,
-    "gb/s": 1e9,
-    "gbps": 1e9,
-    "tb/s": 1e12,
-    "tbps": 1e12,
-}
+_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
+_QUANTITY = re.compile(rf"^\s*{_NUMBER}\s*(\S*)\s*$")
+_DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+_SPELLED_BITS = re.compile(r"^([kmgt]?)bits?(?:/s|ps)?$", re.IGNORECASE)
+_SPELLED_BYTES = re.compile(r"^([kmgt]?)bytes?(?:/s)?$", re.IGNORECASE)
+_SYMBOL = re.compile(r"^(Ki|Mi|Gi|Ti|[kKMGT]?)([bB])(?:/s|ps)$")
+_LOOSE_SYMBOL = re.compile(r"^([kmgt]i?)?b(?:/s|ps)$", re.IGNORECASE)
+_TC = re.compile(r"^([kmgt]?)(bit|bps)$", re.IGNORECASE)
+_FLOPS = re.compile(r"^([kKMGTP]?)(?:flop/s|flops)?$", re.IGNORECASE)
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+RATE_FORMS = (
+    "bits: 100 Gbit/s, 100 Gb/s, 100 Gbps or 100gbit; bytes: 25 GB/s or 25 GBps "
+    "(k/K, M, G, T prefixes; the case of b/B decides bits or bytes)"
+)
 
 
 class UnitError(ValueError):
     """A quantity that could not be read."""
 
 
-def bandwidth(value: str | float | int, what: str = "bandwidth") -> float:
-    """Bytes per second from ``100gbit``, ``25GB/s``, ``12.5mbps`` (tc: bytes/s) or a number
-    (bytes/s)."""
-    if isinstance(value, bool):
-        raise UnitError(f"{what}: expected a rate such as 100gbit or 25GB/s, got {value!r}")
-    if isinstance(value, int | float):
-        number, unit = float(value), ""
-    else:
-        m = _RATE.match(str(value))
+def _spelled(letter: str) -> float:
+    """The scale of a prefix before a spelled-out unit (``Gbit``, ``gbit``: any case)."""
+    return {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}[letter.lower()]
+
+
+def _rate_unit(unit: str, tc: bool) -> float | None:
+    """Bytes/s per unit of ``unit``, or None when the spelling is not accepted."""
+    if tc:
+        m = _TC.match(unit)
         if not m:
-            raise UnitError(f"{what}: {value!r} is not a rate such as 100gbit, 25GB/s or 1e9")
-        number, unit = float(m.group(1)), m.group(2).lower()
-    if unit in _BITS:
-        rate = number * _BITS[unit] / 8
-    elif unit in _BYTES or unit == "":
-        rate = number * _BYTES.get(unit, 1)
-    else:
+            return None
+        scale = _spelled(m.group(1))
+        return scale / 8 if m.group(2).lower() == "bit" else scale
+    if m := _SPELLED_BITS.match(unit):
+        return _spelled(m.group(1)) / 8
+    if m := _SPELLED_BYTES.match(unit):
+        return _spelled(m.group(1))
+    if m := _SYMBOL.match(unit):
+        scale = _BINARY.get(m.group(1)) or _DECIMAL[m.group(1)]
+        return scale / 8 if m.group(2) == "b" else scale
+    return None
+
+
+def bandwidth(value: str | float | int, what: str = "bandwidth", tc: bool = False) -> float:
+    """Bytes per second from a rate with its unit (see the module docstring); ``tc=True``
+    reads tc's spellings (``100mbit``: bits, ``12.5mbps``: bytes) instead."""
+    forms = "tc rates such as 100mbit, 1gbit (bits) or 12.5mbps (bytes)" if tc else RATE_FORMS
+    if isinstance(value, int | float):  # bool too
         raise UnitError(
-            f"{what}: unknown unit {unit!r} in {value!r}; use bit/kbit/mbit/gbit, "
-            "B/s, MB/s, GB/s (or tc's mbps = MB/s)"
+            f"{what}: a bare number ({value!r}) does not say bits or bytes; write {forms}"
         )
+    m = _QUANTITY.match(str(value))
+    if not m:
+        raise UnitError(f"{what}: {value!r} is not a rate; write {forms}")
+    number, unit = float(m.group(1)), m.group(2)
+    if not unit:
+        raise UnitError(f"{what}: {value!r} has no unit (bits or bytes?); write {forms}")
+    per_unit = _rate_unit(unit, tc)
+    if per_unit is None and not tc and _LOOSE_SYMBOL.match(unit):
+        raise UnitError(
+            f"{what}: {value!r} is ambiguous: in {unit!r} the case of the prefix or of b/B "
+            f"does not say bits or bytes (tc reads 'mbps' as megabytes); write {forms}"
+        )
+    if per_unit is None:
+        raise UnitError(f"{what}: unknown unit {unit!r} in {value!r}; write {forms}")
+    rate = number * per_unit
+    if not rate > 0:
+        raise UnitError(f"{what}: must be positive, got {value!r}")
+    return rate
+
+
+def flop_rate(value: str | float | int, what: str = "peak FLOP/s") -> float:
+    """FLOP/s from ``312TFLOPS``, ``312 TFLOP/s``, ``312T`` or a number (FLOP/s)."""
+    if isinstance(value, bool):
+        raise UnitError(f"{what}: expected a FLOP rate such as 312TFLOPS, got {value!r}")
+    if isinstance(value, int | float):
+        rate = float(value)
+    else:
+        m = _QUANTITY.match(str(value))
+        unit = _FLOPS.match(m.group(2)) if m else None
+        if not m or not unit:
+            raise UnitError(
+                f"{what}: {value!r} is not a FLOP rate such as 312TFLOPS, 312 TFLOP/s or 3.12e14"
+            )
+        rate = float(m.group(1)) * _spelled(unit.group(1))
     if not rate > 0:
         raise UnitError(f"{what}: must be positive, got {value!r}")
     return rate
@@ -58,13 +111,18 @@ def duration(value: str | float | int, what: str = "latency") -> float:
     if isinstance(value, int | float):
         seconds = float(value)
     else:
-        m = _RATE.match(str(value))
+        m = _QUANTITY.match(str(value))
         if not m or m.group(2).lower() not in _TIME:
             raise UnitError(f"{what}: {value!r} is not a time such as 5us, 1ms or 0.002")
         seconds = float(m.group(1)) * _TIME[m.group(2).lower()]
     if seconds < 0:
         raise UnitError(f"{what}: must not be negative, got {value!r}")
     return seconds
+
+
+def rate_text(bytes_per_s: float) -> str:
+    """A rate as :func:`bandwidth` reads it back exactly: 2.5e10 -> '25000000000.0 B/s'."""
+    return f"{float(bytes_per_s)!r} B/s"
 
 
 def human_rate(bytes_per_s: float) -> str:
