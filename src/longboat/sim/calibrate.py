@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from longboat.launch.netns import parse_rate
 from longboat.sim import cost
 from longboat.sim.cluster import AlgorithmCost, Cluster, Link
-from longboat.sim.units import bandwidth
 
 LOCAL_SIZES = (64 << 10, 1 << 20, 4 << 20, 16 << 20)
 LINK_SIZES = (64 << 10, 512 << 10, 2 << 20, 4 << 20)
@@ -146,7 +146,7 @@ def with_emulated_link(local: Cluster, report: Mapping[str, Any], rate: str) -> 
     """``local`` as two nodes joined by the measured emulated link (fitted, see the module)."""
     import dataclasses
 
-    tc_rate = bandwidth(rate)
+    tc_rate = parse_rate(rate) / 8  # read as `longboat emulate` and tc read it
     a, b = fit({int(s): t for s, t in report["link"].items()})
     inter = Link(tc_rate, a / 2, "net", 1, min(1.0, 1 / b / tc_rate))
     per = int(report["world"]) // int(report["nodes"])

@@ -3,8 +3,8 @@
 longboat sim profile --model resnet -o resnet.json          # measure the model here
 longboat sim calibrate [--emulate 1gbit] -o here.yaml        # fit this machine's links
 longboat sim predict --profile resnet.json --cluster c.yaml  # step time, sweep, plot
-    [--strategy s.yaml] [--set nccl_comm_num=2] [--max-devices 4096] [--png eff.png]
-    [--recommend [--lossy | --exact] [--write best.yaml]]
+    [--batch 256] [--measured-step 104ms] [--strategy s.yaml] [--set nccl_comm_num=2]
+    [--max-devices 4096] [--png eff.png] [--recommend [--lossy | --exact] [--write best.yaml]]
 """
 
 from __future__ import annotations
@@ -44,6 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--profile", help="a profile JSON from `longboat sim profile`")
     _model_args(pred, group=src)
     _cluster_args(pred)
+    pred.add_argument(
+        "--measured-step",
+        default=None,
+        metavar="TIME",
+        help="one device's measured step time at the profile's batch (or --batch), e.g. 104ms: "
+        "fits the compute efficiency",
+    )
     pred.add_argument("--strategy", default=None, help="Strategy YAML/JSON (as for training)")
     pred.add_argument(
         "--set",
@@ -87,7 +94,13 @@ def _model_args(p: argparse.ArgumentParser, group: Any = None) -> None:
         required=group is None,
         help="a `longboat bench` model (mlp, convnet, resnet, transformer, ...) or pkg.module:factory",
     )
-    p.add_argument("--batch", type=int, default=None, help="batch per rank (default: the model's)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="batch per rank (default: the model's or the profile's; with --profile compute "
+        "scales from the profile's batch)",
+    )
     p.add_argument(
         "--input-shape",
         default=None,
@@ -99,14 +112,99 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default=None, help="cluster YAML (see docs/sim.md)")
     p.add_argument("--nodes", type=int, default=None)
     p.add_argument("--devices-per-node", type=int, default=None)
-    p.add_argument("--device", default=None, help="cpu (profile as measured), V100, A100, H100")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="cpu (the profile's times, Gloo), profiled (the profile's times, backend from where "
+        "it was measured), V100, A100, H100, H200, or any name with --peak-flops and "
+        "--memory-bandwidth",
+    )
+    p.add_argument(
+        "--peak-flops",
+        action="append",
+        default=[],
+        metavar="PRECISION=RATE",
+        help="the device's dense peak, e.g. fp32=19.5TFLOPS, bf16=312TFLOPS (repeatable; "
+        "precisions fp32, tf32, fp16, bf16)",
+    )
+    p.add_argument(
+        "--memory-bandwidth", default=None, help="the device's memory bandwidth, e.g. 2039GB/s"
+    )
+    p.add_argument("--precision", default=None, choices=("fp32", "tf32"), help="non-AMP math")
+    p.add_argument("--backend", default=None, choices=cluster_mod.BACKENDS)
     p.add_argument("--intra-kind", default=None, choices=cluster_mod.INTRA_KINDS)
-    p.add_argument("--intra-bandwidth", default=None, help="e.g. 300GB/s")
+    p.add_argument("--intra-bandwidth", default=None, help="per device, all links, e.g. 300GB/s")
+    p.add_argument("--intra-links", type=int, default=None, help="NVLink ports per device")
+    p.add_argument(
+        "--intra-link-bandwidth", default=None, help="per NVLink port and direction, e.g. 25GB/s"
+    )
     p.add_argument("--intra-latency", default=None, help="e.g. 3us")
-    p.add_argument("--inter-bandwidth", default=None, help="per NIC, e.g. 100gbit")
+    p.add_argument("--inter-bandwidth", default=None, help="per NIC, e.g. 100Gb/s or 25GB/s")
     p.add_argument("--inter-latency", default=None, help="e.g. 5us")
     p.add_argument("--nics-per-node", type=int, default=None)
+    p.add_argument(
+        "--gpudirect",
+        default=None,
+        choices=("on", "off"),
+        help="GPUDirect RDMA between NICs and GPUs (default on)",
+    )
+    p.add_argument(
+        "--compute-efficiency", type=float, default=None, help="fraction of peak FLOP/s, (0, 1]"
+    )
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=None,
+        help="coefficient of variation of one rank's compute per step (stragglers)",
+    )
+    p.add_argument(
+        "--contention",
+        type=float,
+        default=None,
+        help="slowdown of backward while collectives run beside it (0.1 = 10 %%)",
+    )
+    p.add_argument(
+        "--input-rate",
+        type=float,
+        default=None,
+        metavar="SAMPLES_PER_S",
+        help="samples/s one node's input pipeline delivers",
+    )
     p.add_argument("--ps-servers", type=int, default=None, help="parameter servers (ps section)")
+
+
+def _device_entry(args: argparse.Namespace, data: dict[str, Any]) -> Any:
+    """The cluster's ``device`` value with --device, --peak-flops and --memory-bandwidth."""
+    from longboat.sim import devices
+
+    current = data.get("device", "cpu")
+    if args.device is not None:
+        name, spec = args.device, {}
+    elif isinstance(current, dict):
+        name, spec = current["name"], dict(current)
+    else:
+        name, spec = current, {}
+    peaks = {}
+    for item in args.peak_flops:
+        precision, sep, rate = item.partition("=")
+        if not sep:
+            raise cluster_mod.ClusterError(
+                f"--peak-flops {item!r}: expected PRECISION=RATE, e.g. bf16=312TFLOPS"
+            )
+        peaks[precision.strip()] = rate.strip()
+    if name in cluster_mod.HOST_DEVICES:
+        if peaks:
+            raise cluster_mod.ClusterError(
+                f"--peak-flops describes a GPU; device {name} uses the profile's own times"
+            )
+        return name
+    if peaks:
+        spec["peak_flops"] = dict(spec.get("peak_flops") or {}) | peaks
+    if args.memory_bandwidth is not None:
+        spec["memory_bandwidth"] = args.memory_bandwidth
+    if not spec and devices.known(name):
+        return name
+    return spec | {"name": name}
 
 
 def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
@@ -117,27 +215,47 @@ def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
         data = {"nodes": 1, "devices_per_node": 1}
         if args.device is None:
             data["device"] = "cpu"
-    for key in ("nodes", "devices_per_node", "device"):
+    for key in ("nodes", "devices_per_node", "backend"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     if args.device is not None and not args.cluster:
         data.pop("intra", None)
+    data["device"] = _device_entry(args, data)
+    if args.memory_bandwidth is not None and not isinstance(data["device"], dict):
+        data["memory_bandwidth"] = args.memory_bandwidth
     intra = dict(data.get("intra") or {})
     inter = dict(data.get("inter") or {})
+    if args.intra_links is not None or args.intra_link_bandwidth is not None:
+        intra.pop("bandwidth", None)
+    if args.intra_bandwidth is not None:
+        intra.pop("link_bandwidth", None)
+    if args.intra_kind is not None and args.intra_kind != intra.get("kind"):
+        for key in ("bandwidth", "links", "link_bandwidth"):
+            intra.pop(key, None)
+    compute = dict(data.get("compute") or {})
     for flag, target, key in (
         ("intra_kind", intra, "kind"),
         ("intra_bandwidth", intra, "bandwidth"),
+        ("intra_links", intra, "links"),
+        ("intra_link_bandwidth", intra, "link_bandwidth"),
         ("intra_latency", intra, "latency"),
         ("inter_bandwidth", inter, "bandwidth"),
         ("inter_latency", inter, "latency"),
         ("nics_per_node", inter, "nics_per_node"),
+        ("compute_efficiency", compute, "efficiency"),
+        ("precision", compute, "precision"),
+        ("jitter", compute, "jitter"),
+        ("contention", compute, "contention"),
     ):
         if getattr(args, flag) is not None:
             target[key] = getattr(args, flag)
-    if intra:
-        data["intra"] = intra
-    if inter:
-        data["inter"] = inter
+    if args.gpudirect is not None:
+        inter["gpudirect"] = args.gpudirect == "on"
+    for key, value in (("intra", intra), ("inter", inter), ("compute", compute)):
+        if value:
+            data[key] = value
+    if args.input_rate is not None:
+        data["input"] = {"samples_per_s": args.input_rate}
     if args.ps_servers:
         data["ps"] = dict(data.get("ps") or {}) | {"servers": args.ps_servers}
     return cluster_mod.from_dict(data, where=args.cluster or "flags")
@@ -155,7 +273,8 @@ def _profile(args: argparse.Namespace, show: bool) -> Any:
     from longboat.tools.progress import progress
 
     if getattr(args, "profile", None):
-        return profile.load(args.profile)
+        loaded = profile.load(args.profile)
+        return loaded.with_batch(args.batch) if args.batch is not None else loaded
     shape = [int(d) for d in args.input_shape.split(",")] if args.input_shape else None
     name, model, batch = measure.load_model(args.model, args.batch, shape)
     repeats, warmup = getattr(args, "repeats", 10), getattr(args, "warmup", 3)
@@ -203,6 +322,18 @@ def _predict(args: argparse.Namespace) -> int:
     prof = _profile(args, True)
     cl = cluster_from_args(args)
     strategy = _strategy(args.strategy, args.set)
+    if args.measured_step is not None:
+        from longboat.sim.fit import calibrated
+        from longboat.sim.units import duration
+
+        if args.compute_efficiency is not None:
+            raise ValueError("--measured-step fits the compute efficiency: drop one of the two")
+        step = duration(args.measured_step, "--measured-step")
+        cl = calibrated(prof, cl, step, strategy)
+        print(
+            f"compute efficiency {cl.compute_efficiency:.4f}: one {cl.device} takes "
+            f"{step * 1e3:.4g} ms per step of {prof.model} at batch {prof.batch}"
+        )
     here = simulate(prof, cl, strategy)
     report.breakdown(prof, cl, here)
     max_devices = args.max_devices or cl.world

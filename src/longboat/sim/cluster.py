@@ -275,22 +275,21 @@ def _intra(data: Any, where: str, default: Link) -> Link:
     if kind not in INTRA_KINDS:
         raise ClusterError(f"{where}.kind: {kind!r} is not one of {', '.join(INTRA_KINDS)}")
     links = data.get("links")
-    if links is not None:
-        if kind not in ("nvlink", "nvswitch"):
-            raise ClusterError(f"{where}.links: NVLink ports, only with kind nvlink or nvswitch")
-        if isinstance(links, bool) or not isinstance(links, int | float) or links <= 0:
-            raise ClusterError(f"{where}.links: a positive number of NVLink ports, got {links!r}")
-        if "bandwidth" in data:
-            raise ClusterError(
-                f"{where}: give either bandwidth (per device, all links together) or links "
-                "with link_bandwidth (per link and direction), not both"
-            )
-        link_bw = _rate(data.get("link_bandwidth", "25GB/s"), f"{where}.link_bandwidth")
-        bw = links * link_bw
-    elif "link_bandwidth" in data:
-        raise ClusterError(f"{where}.link_bandwidth needs links (NVLink ports per device)")
-    elif "bandwidth" in data:
+    if links is not None and kind not in ("nvlink", "nvswitch"):
+        raise ClusterError(f"{where}.links: NVLink ports, only with kind nvlink or nvswitch")
+    if links is not None and (
+        isinstance(links, bool) or not isinstance(links, int | float) or links <= 0
+    ):
+        raise ClusterError(f"{where}.links: a positive number of NVLink ports, got {links!r}")
+    if "link_bandwidth" in data and ("bandwidth" in data or links is None):
+        raise ClusterError(
+            f"{where}: give bandwidth (per device, all its links together) or links with "
+            "link_bandwidth (per link and direction)"
+        )
+    if "bandwidth" in data:
         bw = _rate(data["bandwidth"], f"{where}.bandwidth")
+    elif links is not None:
+        bw = links * _rate(data.get("link_bandwidth", "25GB/s"), f"{where}.link_bandwidth")
     elif kind == default.kind:
         bw, links = default.bandwidth, default.links
     elif kind == "pcie":

@@ -67,15 +67,20 @@ def breakdown(prof: Profile, cl: Cluster, p: Prediction) -> None:
     table.add_column("phase")
     table.add_column("time", justify="right")
     table.add_column("share", justify="right")
-    for name, value in (
-        ("compute (forward + backward)", p.compute_s),
+    rows = [
+        ("compute (forward + backward)", p.compute_s - p.contention_s),
+        ("slowed by collectives beside it", p.contention_s),
         ("exposed communication", p.exposed_comm_s),
         ("optimizer", p.optimizer_s),
-    ):
-        table.add_row(name, human_time(value), f"{value / p.step_s:.0%}")
+        ("waiting for the slowest rank", p.straggler_s),
+        ("waiting for input", p.input_wait_s),
+    ]
+    for i, (name, value) in enumerate(rows):
+        if value > 0 or i in (0, 2, 3):
+            table.add_row(name, human_time(value), f"{value / p.step_s:.1%}")
     table.add_section()
     table.add_row("step", human_time(p.step_s), f"{p.samples_per_s:,.0f} samples/s")
-    table.add_row("communication (all)", human_time(p.comm_s), f"{p.overlap:.0%} hidden")
+    table.add_row("communication (all)", human_time(p.comm_s), f"{p.overlap:.1%} hidden")
     table.add_row("buckets / algorithm", f"{p.buckets}", p.algorithm)
     table.add_row("bytes sent per rank", f"{p.bytes_sent / 2**20:.2f} MB", "; ".join(p.notes))
     _console().print(table)
@@ -101,7 +106,7 @@ def sweep_table(points: Sequence, model: str) -> None:  # noqa: ANN001
             f"{p.step_s * 1e3:.3f}",
             f"{p.samples_per_s:,.0f}",
             f"{pt.speedup:.1f}x",
-            f"{pt.efficiency:.0%}",
+            f"{pt.efficiency:.1%}",
             f"{p.exposed_comm_s * 1e3:.3f}",
         )
     _console().print(table)

@@ -3,9 +3,8 @@
 Rates keep bits and bytes apart by the case of ``b``/``B``, as vendors write them:
 ``100 Gb/s``, ``100 Gbit/s``, ``100 Gbps`` and ``100gbit`` are gigabits per second;
 ``25 GB/s`` and ``25 GBps`` are gigabytes per second. A spelling whose meaning hangs on a case
-that was not written (``100gbps``, ``10 gb/s``, a bare number) is refused, naming these forms.
-tc's spellings (``mbit`` = bits, ``mbps`` = *bytes*) are read only where a tc rate is expected
-(``tc=True``).
+that was not written (``100gbps``, ``10 gb/s``, a bare number) is refused, naming these forms (tc's own spellings, where ``mbps`` means megabytes, are read
+by `longboat emulate`, not here).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ _SPELLED_BITS = re.compile(r"^([kmgt]?)bits?(?:/s|ps)?$", re.IGNORECASE)
 _SPELLED_BYTES = re.compile(r"^([kmgt]?)bytes?(?:/s)?$", re.IGNORECASE)
 _SYMBOL = re.compile(r"^(Ki|Mi|Gi|Ti|[kKMGT]?)([bB])(?:/s|ps)$")
 _LOOSE_SYMBOL = re.compile(r"^([kmgt]i?)?b(?:/s|ps)$", re.IGNORECASE)
-_TC = re.compile(r"^([kmgt]?)(bit|bps)$", re.IGNORECASE)
 _FLOPS = re.compile(r"^([kKMGTP]?)(?:flop/s|flops)?$", re.IGNORECASE)
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
@@ -39,14 +37,8 @@ def _spelled(letter: str) -> float:
     return {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}[letter.lower()]
 
 
-def _rate_unit(unit: str, tc: bool) -> float | None:
+def _rate_unit(unit: str) -> float | None:
     """Bytes/s per unit of ``unit``, or None when the spelling is not accepted."""
-    if tc:
-        m = _TC.match(unit)
-        if not m:
-            return None
-        scale = _spelled(m.group(1))
-        return scale / 8 if m.group(2).lower() == "bit" else scale
     if m := _SPELLED_BITS.match(unit):
         return _spelled(m.group(1)) / 8
     if m := _SPELLED_BYTES.match(unit):
@@ -57,10 +49,9 @@ def _rate_unit(unit: str, tc: bool) -> float | None:
     return None
 
 
-def bandwidth(value: str | float | int, what: str = "bandwidth", tc: bool = False) -> float:
-    """Bytes per second from a rate with its unit (see the module docstring); ``tc=True``
-    reads tc's spellings (``100mbit``: bits, ``12.5mbps``: bytes) instead."""
-    forms = "tc rates such as 100mbit, 1gbit (bits) or 12.5mbps (bytes)" if tc else RATE_FORMS
+def bandwidth(value: str | float | int, what: str = "bandwidth") -> float:
+    """Bytes per second from a rate with its unit (see the module docstring)."""
+    forms = RATE_FORMS
     if isinstance(value, int | float):  # bool too
         raise UnitError(
             f"{what}: a bare number ({value!r}) does not say bits or bytes; write {forms}"
@@ -71,8 +62,8 @@ def bandwidth(value: str | float | int, what: str = "bandwidth", tc: bool = Fals
     number, unit = float(m.group(1)), m.group(2)
     if not unit:
         raise UnitError(f"{what}: {value!r} has no unit (bits or bytes?); write {forms}")
-    per_unit = _rate_unit(unit, tc)
-    if per_unit is None and not tc and _LOOSE_SYMBOL.match(unit):
+    per_unit = _rate_unit(unit)
+    if per_unit is None and _LOOSE_SYMBOL.match(unit):
         raise UnitError(
             f"{what}: {value!r} is ambiguous: in {unit!r} the case of the prefix or of b/B "
             f"does not say bits or bytes (tc reads 'mbps' as megabytes); write {forms}"
