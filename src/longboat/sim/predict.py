@@ -104,7 +104,7 @@ def comm_settings(strategy: Strategy, cluster: Cluster) -> CommSettings:
 
 #: Coefficient of variation of one rank's compute per step on a GPU when the cluster does not
 #: set ``compute.jitter`` (see docs/sim.md: where it comes from and how to measure it).
-DEFAULT_GPU_JITTER = 0.0
+DEFAULT_GPU_JITTER = 0.01
 #: Share of backward time bound by memory bandwidth (for the default contention).
 MEMORY_BOUND_SHARE = 0.5
 #: Device-memory bytes a collective moves per byte on the bus (read own chunk, read the
