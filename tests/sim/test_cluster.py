@@ -22,8 +22,10 @@ def test_full_file(tmp_path) -> None:  # noqa: ANN001
 nodes: 4
 devices_per_node: 8
 device: a100
-intra: {kind: nvlink, bandwidth: 300GB/s, latency: 3us}
+intra: {kind: nvswitch, bandwidth: 300GB/s, latency: 3us}
 inter: {bandwidth: 200gbit, latency: 5us, nics_per_node: 4, efficiency: 0.9}
+compute: {jitter: 0.02, contention: 0.1, precision: tf32}
+input: {samples_per_s: 20000}
 ps: {servers: 2, bandwidth: 25gbit}
 algorithms: {ring: {bandwidth_efficiency: 0.8, overhead: 50us}}
 """,
@@ -35,6 +37,7 @@ algorithms: {ring: {bandwidth_efficiency: 0.8, overhead: 50us}}
     assert c.ps is not None and c.ps.servers == 2 and c.ps.link.bandwidth == 25e9 / 8
     assert c.cost("ring").overhead == pytest.approx(50e-6)
     assert c.mem_bw == 2039e9  # the device table's
+    assert (c.jitter, c.contention, c.precision, c.input_rate) == (0.02, 0.1, "tf32", 20000.0)
     assert cluster.from_dict(c.to_dict()) == c
 
 
@@ -50,6 +53,15 @@ algorithms: {ring: {bandwidth_efficiency: 0.8, overhead: 50us}}
         ("nodes: 1\ndevices_per_node: 1\nintra: {kind: wifi}\n", "intra.kind: 'wifi'"),
         ("nodes: 1\ndevices_per_node: 1\ninter: {latency: soon}\n", "inter.latency"),
         ("nodes: 1\ndevices_per_node: 1\nalgorithms: {tree: {}}\n", "'tree' is not one of"),
+        ("nodes: 1\ndevices_per_node: 1\ninter: {bandwidth: 100gbps}\n", "ambiguous"),
+        ("nodes: 1\ndevices_per_node: 1\ninter: {bandwidth: 12500000000}\n", "bare number"),
+        ("nodes: 1\ndevices_per_node: 1\nbackend: mpi\n", "backend: 'mpi'"),
+        ("nodes: 1\ndevices_per_node: 1\ncompute: {precision: fp8}\n", "precision: 'fp8'"),
+        ("nodes: 1\ndevices_per_node: 1\ncompute: {jitter: -1}\n", "jitter: a number >= 0"),
+        ("nodes: 1\ndevices_per_node: 1\ninput: {samples_per_s: 0}\n", "samples/s per node"),
+        ("nodes: 1\ndevices_per_node: 1\ninter: {gpudirect: maybe}\n", "true or false"),
+        ("nodes: 1\ndevices_per_node: 1\nintra: {kind: pcie, links: 4}\n", "only with kind nvlink"),
+        ("nodes: 1\ndevices_per_node: 1\ndevice: {name: X}\n", "peak_flops.fp32 is required"),
         ("nodes: [1\n", "not valid YAML"),
         ("", "empty"),
     ],

@@ -347,6 +347,8 @@ def _predict(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {
         "profile": prof.model,
         "cluster": cl.to_dict(),
+        "backend": cl.resolved_backend(prof.device),
+        "batch": prof.batch,
         "prediction": here.to_dict(),
         "sweep": [
             p.prediction.to_dict() | {"speedup": p.speedup, "efficiency": p.efficiency}

@@ -266,7 +266,7 @@ def _time(value: Any, where: str) -> float:
         raise ClusterError(str(exc)) from None
 
 
-def _intra(data: Any, where: str, default: Link) -> Link:
+def _intra(data: Any, where: str, default: Link, spec: Device | None) -> Link:
     if data is None:
         return default
     keys = {"kind", "bandwidth", "links", "link_bandwidth", "latency", "efficiency"}
@@ -294,6 +294,10 @@ def _intra(data: Any, where: str, default: Link) -> Link:
         bw, links = default.bandwidth, default.links
     elif kind == "pcie":
         bw = PCIE_GEN3_X16
+    elif kind in ("shm", "loopback"):
+        bw = 2e9
+    elif spec is not None and spec.nvlink_links:
+        bw, links = spec.nvlink_bandwidth, spec.nvlink_links
     else:
         raise ClusterError(
             f"{where}: kind {kind} needs bandwidth (per device) or links and link_bandwidth"
@@ -409,7 +413,7 @@ def from_dict(data: Mapping[str, Any], where: str = "cluster") -> Cluster:
     passes = data.get("shm_passes", 3.0)
     if isinstance(passes, bool) or not isinstance(passes, int | float) or passes <= 0:
         raise ClusterError(f"{where}.shm_passes: a positive number, got {passes!r}")
-    intra = _intra(data.get("intra"), f"{where}.intra", default_intra(device, spec))
+    intra = _intra(data.get("intra"), f"{where}.intra", default_intra(device, spec), spec)
     if spec is not None and intra.kind in ("shm", "loopback"):
         raise ClusterError(
             f"{where}.intra.kind: {intra.kind} is a host link; GPUs use nvlink, nvswitch or pcie"

@@ -93,6 +93,8 @@ def comm_settings(strategy: Strategy, cluster: Cluster) -> CommSettings:
     algorithm = selected_algorithm(strategy)
     if strategy.allreduce_algorithm == TOPOLOGY and not strategy.use_hierarchical_allreduce:
         algorithm = rule.algorithm  # the rule of this cluster, not of a live one in this process
+        if not cost.applicable(algorithm, cluster):
+            algorithm = "native"  # Gloo's shared-memory rule on ranks without a host link
     by_rule = {
         field: getattr(rule if strategy.source(field) == "default" else strategy, field)
         for field in ("fuse_grad_size_in_MB", "nccl_comm_num")

@@ -61,8 +61,10 @@ def cluster_summary(cl: Cluster, path: str) -> None:
 
 
 def breakdown(prof: Profile, cl: Cluster, p: Prediction) -> None:
+    backend = cl.resolved_backend(prof.device)
     table = Table(
-        title=f"{prof.model} on {cl.nodes} node(s) x {cl.devices_per_node} {cl.device} device(s): predicted step"
+        title=f"{prof.model} (batch {prof.batch}) on {cl.nodes} node(s) x {cl.devices_per_node} "
+        f"{cl.device} device(s), {backend}: predicted step"
     )
     table.add_column("phase")
     table.add_column("time", justify="right")
