@@ -161,6 +161,27 @@ def summary(rows: list[Row]) -> dict[str, float]:
     }
 
 
+def sources_markdown(data: dict[str, Any] | None = None) -> str:
+    """One line per table: where its numbers come from and the inputs of its prediction."""
+    data = data or load()
+    src = data["source"]
+    lines = [
+        f"Source: {src['repository']} at commit `{src['commit']}`.",
+        "",
+        "| table | README, section, column | system | precision, batch/GPU, gradients | "
+        "communication |",
+        "|---|---|---|---|---|",
+    ]
+    kinds = {id(v): k for k, v in data["strategies"].items()}
+    for t in data["tables"]:
+        comm = kinds.get(id(t["strategy"]), "custom")
+        lines.append(
+            f"| {t['name']} | `{t['path']}`, {t['section']}, {t['column']} | {t['system']} | "
+            f"{t['precision']}, {t['batch']}, {t['grads']} | {comm} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(rows: list[Row]) -> str:
     misses = known_misses()
     lines = [
@@ -198,6 +219,8 @@ def main() -> int:
             json.dumps([dataclasses.asdict(r) | {"error": r.error} for r in rows], indent=1)
         )
     if args.markdown:
+        print(sources_markdown())
+        print()
         print(markdown(rows))
         return 0
     from rich.console import Console
