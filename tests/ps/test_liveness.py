@@ -116,7 +116,7 @@ def test_barrier_stops_waiting_for_a_dropped_trainer() -> None:
     waiter = threading.Thread(target=arrive, args=(1,))
     waiter.start()
     deadline = time.monotonic() + WAIT_S
-    while ("", 1) not in state.barriers and time.monotonic() < deadline:
+    while ("", 1) not in state.barriers.arrived and time.monotonic() < deadline:
         time.sleep(0.01)
     clock.now = 10.0  # trainer 0 is in a call, so never silent
     assert state.drop_silent() == [1]

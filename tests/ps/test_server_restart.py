@@ -151,7 +151,7 @@ def test_a_pull_waiting_when_a_rollback_begins_is_refused(tmp_path: Path) -> Non
 
     waiting = threading.Thread(target=pull)
     waiting.start()
-    while not state.busy.get(0):  # the pull is in (it holds the trainer's call count)
+    while not state.roster.busy.get(0):  # the pull is in (it holds the trainer's call count)
         time.sleep(0.01)
     state.begin_rollback()
     waiting.join(60)

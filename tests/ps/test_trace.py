@@ -237,7 +237,7 @@ def test_server_names_missing_pushes_and_barrier_arrivals() -> None:
         target=lambda: pytest.raises(TimeoutError, state.barrier, arrive, time.monotonic() + 2)
     )
     waiter.start()
-    while ("kv", 1) not in state.barriers:
+    while ("kv", 1) not in state.barriers.arrived:
         time.sleep(0.01)
     assert state.missing({"barrier": ["kv", 1]}) == [0, 2]
     waiter.join()

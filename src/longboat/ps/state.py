@@ -1,12 +1,13 @@
 """What one parameter server holds and how requests change it (no gRPC here: see server.py).
 
-Dense blocks (``blocks.py``) carry their value, their optimizer and a version. In sync jobs a
-block waits for all trainers' pushes of one step, sums them in trainer order and divides by the
-number of trainers that pushed before applying once (blocks with ``reduce="sum"``, as MXNet's
-KVStore has them, skip the division). Sparse tables (``tables.py``) are sharded by row id
-(``id % num_servers``) and updated per touched row. Each method takes its request parsed by
-``schema.py`` (or a ``Message`` it parses) and checks it against what the server holds before
-changing anything: a refused request leaves the state as it was.
+Dense blocks (``blocks.py``) carry their value, their optimizer and a version; sparse tables
+(``tables.py``) are sharded by row id (``id % num_servers``) and updated per touched row.
+``ServerState`` answers the requests; it composes what it holds: ``PushAggregator``
+(``aggregation.py``: how pushes are collected and applied, per sync step), ``TrainerRoster``
+(``roster.py``: which trainers are expected, and since when they are silent) and ``Barriers``
+(``barriers.py``). Each method takes its request parsed by ``schema.py`` (or a ``Message`` it
+parses) and checks it against what the server holds before changing anything: a refused
+request leaves the state as it was.
 
 Trainer liveness (sync steps and barriers): a trainer that something waits for and that has been
 silent (no call in progress, none ended) for ``trainer_timeout`` seconds is dropped by
@@ -18,35 +19,31 @@ from the step it names (the engine does so at connect, and after a refusal).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from longboat.log import get_logger
 from longboat.ps import schema, wire
+from longboat.ps.aggregation import Holder, PushAggregator
+from longboat.ps.barriers import Barriers
 from longboat.ps.blocks import (
     REDUCES,
     UPDATES,
     DenseBlock,
-    apply_block,
     block_state,
     load_block,
     make_block,
 )
 from longboat.ps.limits import TRAINER_TIMEOUT_ENV
-from longboat.ps.request import DROPPED, Closing, Dropped, RequestError, StaleStep
+from longboat.ps.request import Closing, RequestError, StaleStep
+from longboat.ps.roster import TrainerRoster
 from longboat.ps.schema import SCOPES
-from longboat.ps.tables import Table, apply_rows, load_table, make_table, read_rows, table_state
+from longboat.ps.tables import Table, load_table, make_table, read_rows, table_state
 from longboat.ps.wire import Message
-
-GONE = math.inf  # ServerState.back_at of a dropped trainer that has not rejoined
 
 log = get_logger("longboat.ps")
 
@@ -71,23 +68,28 @@ class ServerState:
         self.cond = threading.Condition()
         self.blocks: dict[str, DenseBlock] = {}
         self.tables: dict[str, Table] = {}
-        self.trainers = 0
         self.digest = ""
-        self.barriers: dict[tuple[str, int], set[int]] = {}
         self.settings: dict[str, dict[str, Any]] = {}  # scope -> {"set_by", "settings"}
-        self.on_version: Callable[[int], None] | None = None  # periodic checkpoints
-        # trainer liveness (see the module's docstring)
-        self.trainer_timeout, self.clock = trainer_timeout, clock
-        self.last_seen: dict[int, float] = {}  # trainer -> when a call of it started or ended
-        self.busy: dict[int, int] = {}  # trainer -> its calls in progress
-        self.last_step: dict[int, int] = {}  # trainer -> the highest sync step it pushed
-        self.back_at: dict[int, float] = {}  # trainer -> first step it is expected at (GONE)
-        self.dropped_at: dict[int, int] = {}  # trainer -> the step that was waiting when dropped
-        self.joined: set[int] = set()  # trainers that called join
-        self.barrier_done: dict[str, int] = {}  # name -> the highest generation completed
+        self.roster = TrainerRoster(index, trainer_timeout, clock)
+        self.pushes = PushAggregator(index, self.blocks, self.tables, self.roster)
+        self.barriers = Barriers()
         self.rollbacks = 0  # rollbacks begun (restore): sync pulls waiting then are refused
         self.closed = False  # the server is stopping: every wait ends (``close``)
-        self._refusals: set[tuple[int, int]] = set()  # (trainer, step) refusals logged
+
+    @property
+    def trainers(self) -> int:
+        """The job's trainers (0: not known yet)."""
+        return self.roster.trainers
+
+    @property
+    def on_version(self) -> Callable[[int], None] | None:
+        """Called with a step once every sync block and table reached it (periodic
+        checkpoints)."""
+        return self.pushes.on_version
+
+    @on_version.setter
+    def on_version(self, hook: Callable[[int], None] | None) -> None:
+        self.pushes.on_version = hook
 
     # ---- hello ----------------------------------------------------------------------------
     def hello(self, msg: Message | schema.Hello, own: dict[str, Any]) -> Message:
@@ -126,8 +128,8 @@ class ServerState:
                         name, spec, req.sync, self.index, self.num_servers, self.max_table_bytes
                     )
             self.digest = self.digest or req.digest
-            self.trainers = self.trainers or req.trainers
-            self._touch(req.trainer)
+            self.roster.trainers = self.trainers or req.trainers
+            self.roster.touch(req.trainer)
             self.blocks.update(blocks)
             self.tables.update(tables)
             self.cond.notify_all()
@@ -158,16 +160,16 @@ class ServerState:
         unseen for its ``evict_after`` passes; rows dropped per table (``configure`` with
         ``shrink`` carries this call)."""
         with self.cond:
+            lazy = {n: t.lazy for n, t in self.tables.items() if t.lazy is not None}
             if names is True or names is None:
-                names = [n for n, t in self.tables.items() if t.lazy is not None]
+                names = list(lazy)
             if not isinstance(names, list) or not all(
-                isinstance(n, str) and n in self.tables and self.tables[n].lazy is not None
-                for n in names
+                isinstance(n, str) and n in lazy for n in names
             ):
                 raise RequestError(f"shrink: server {self.index} has no lazy table in {names!r}")
-            dropped = {n: self.tables[n].lazy.shrink() for n in names}  # type: ignore[union-attr]
+            dropped = {n: lazy[n].shrink() for n in names}
             for n, k in dropped.items():
-                stats = self.tables[n].lazy.stats()  # type: ignore[union-attr]
+                stats = lazy[n].stats()
                 log.info(
                     "server %d table %r: pass ended, %d rows dropped, %d kept",
                     self.index, n, k, stats["rows"],
@@ -195,8 +197,8 @@ class ServerState:
 
     # ---- push -----------------------------------------------------------------------------
     def push(self, msg: Message | schema.Push, deadline: float | None = None) -> Message:
-        """Apply (or, in sync jobs, collect) gradients for blocks and table rows: all of them,
-        or (refused) none.
+        """Apply (async) or collect (sync) gradients for blocks and table rows: all of them,
+        or (refused) none (``PushAggregator``).
 
         A sync trainer one step ahead (it pushed step k, the others have not yet, and it now
         pushes k + 1, as a KVStore worker pushing twice without a pull does) waits, until
@@ -209,9 +211,9 @@ class ServerState:
             held = [self.blocks[k] for k in req.dense] + [self.tables[n] for n in req.sparse]
             synced = any(h.sync for h in held)
             if synced:
-                self._refuse_if_dropped(trainer, step)
-            self._check_round(req, waits=True)
-            with self._calling(trainer):
+                self.roster.refuse_if_dropped(trainer, step)
+            self.pushes.check_round(req, waits=True)
+            with self.roster.calling(trainer):
                 if deadline is not None:
                     self._wait(
                         lambda: (
@@ -224,108 +226,15 @@ class ServerState:
                         f"the other trainers' pushes of step {step - 1} (trainer {trainer} "
                         f"pushed step {step})",
                     )
-                self._check_round(req, waits=False)
+                self.pushes.check_round(req, waits=False)
                 for key, grad in req.dense.items():
-                    self._push_block(self.blocks[key], grad, req)
+                    self.pushes.push_block(self.blocks[key], grad, req)
                 for name, (_, grad) in req.sparse.items():
-                    self._push_table(name, rows[name], grad, trainer)
+                    self.pushes.push_table(name, rows[name], grad, trainer)
                 if synced:  # accepted: a pull of the next step may wait for the others
-                    self.last_step[trainer] = max(step, self.last_step.get(trainer, step))
+                    self.roster.pushed(trainer, step)
                 self.cond.notify_all()
         return Message({})
-
-    @staticmethod
-    def _lr(block: DenseBlock, req: schema.Push) -> float | None:
-        """The learning rate a push gives ``block`` (None: the block's own)."""
-        return req.lrs[block.group] if block.group < len(req.lrs) else None
-
-    def _check_round(self, req: schema.Push, waits: bool) -> None:
-        """Refuse a sync push that does not fit the step its blocks and tables are at:
-        another step (StaleStep), a second push of the trainer, another learning rate than
-        the step's first push. ``waits``: pass over pushes that wait for the step before."""
-        trainer, step = req.trainer, req.step
-        held: list[tuple[str, str, DenseBlock | Table]] = [
-            *(("block", k, self.blocks[k]) for k in req.dense),
-            *(("table", n, self.tables[n]) for n in req.sparse),
-        ]
-        for kind, name, h in held:
-            if not h.sync or (waits and step == h.version + 1 and trainer in h.pending):
-                continue
-            if step != h.version:
-                raise StaleStep(
-                    f"server {self.index} {kind} {name!r} is at step {h.version}, "
-                    f"trainer {trainer} pushed step {step}"
-                )
-            if trainer in h.pending:
-                raise RequestError(f"trainer {trainer} pushed {kind} {name!r} twice in step {step}")
-            if isinstance(h, DenseBlock) and h.round_lr is not None:
-                lr = self._lr(h, req)
-                if h.round_lr[1] != lr:
-                    first, first_lr = h.round_lr
-                    raise RequestError(
-                        f"block {name!r} step {step}: trainer {trainer} pushed with learning "
-                        f"rate {lr}, trainer {first} with {first_lr} ('lrs'); every trainer "
-                        "must use the same learning rate (the same optimizer settings and "
-                        "scheduler)"
-                    )
-
-    def _push_block(self, block: DenseBlock, grad: torch.Tensor, req: schema.Push) -> None:
-        """Apply (async) or collect (sync) one block's push (``_check_round`` passed it)."""
-        lr = self._lr(block, req)
-        if not block.sync:
-            if block.update == "optimizer" and block.reduce == "mean":
-                grad = grad / self.trainers  # a new tensor: the wire's view is read-only
-            apply_block(block, grad, lr)
-            return
-        block.round_lr = block.round_lr or (req.trainer, lr)
-        block.pending[req.trainer] = grad.clone()
-        self._settle_block(block)
-
-    def _settle_block(self, block: DenseBlock) -> None:
-        """Apply ``block``'s step once every trainer expected at it pushed: their pushes summed
-        in trainer order (divided by their number for ``reduce="mean"``)."""
-        if not block.pending or not self._expected(block.version) <= block.pending.keys():
-            return
-        lr = block.round_lr[1] if block.round_lr is not None else None
-        order = sorted(block.pending)
-        total = block.pending[order[0]]
-        for t in order[1:]:
-            total = total + block.pending[t]
-        block.pending.clear()
-        block.round_lr = None
-        apply_block(block, total / len(order) if block.reduce == "mean" else total, lr)
-        self._bumped(block.version)
-
-    def _push_table(self, name: str, rows: torch.Tensor, grad: torch.Tensor, trainer: int) -> None:
-        """Apply (async) or collect (sync) one table's push (``_check_round`` passed it)."""
-        table = self.tables[name]
-        if not table.sync:
-            apply_rows(table, rows, grad, 1)
-            return
-        table.pending[trainer] = (rows.clone(), grad.clone())
-        self._settle_table(table)
-
-    def _settle_table(self, table: Table) -> None:
-        """Apply ``table``'s step once every trainer expected at it pushed (the mean over them)."""
-        if not table.pending or not self._expected(table.version) <= table.pending.keys():
-            return
-        parts = [table.pending[t] for t in sorted(table.pending)]
-        table.pending.clear()
-        apply_rows(
-            table,
-            torch.cat([p[0] for p in parts]),
-            torch.cat([p[1] for p in parts]),
-            len(parts),
-        )
-        self._bumped(table.version)
-
-    def _bumped(self, version: int) -> None:
-        if (
-            self.on_version is not None
-            and all(b.version >= version for b in self.blocks.values() if b.sync)
-            and all(t.version >= version for t in self.tables.values() if t.sync)
-        ):
-            self.on_version(version)
 
     # ---- pull -----------------------------------------------------------------------------
     def pull(self, msg: Message | schema.Pull, deadline: float) -> bytes:
@@ -338,7 +247,7 @@ class ServerState:
         version, trainer = req.version, req.trainer
         with self.cond:
             rows = req.check(self)
-            holders: list[DenseBlock | Table] = [self.blocks[k] for k in req.keys]
+            holders: list[Holder] = [self.blocks[k] for k in req.keys]
             holders += [self.tables.get(n) or self.blocks[n] for n in req.ids]
             rollbacks = self.rollbacks
 
@@ -348,7 +257,7 @@ class ServerState:
                     self._refuse_lost_pull(trainer, version, behind, rollbacks)
                 return not behind
 
-            with self._calling(trainer):
+            with self.roster.calling(trainer):
                 self._wait(ready, deadline, f"blocks/tables reaching step {version}")
                 out = {k: self.blocks[k].value for k in req.keys}
                 for name, local in rows.items():
@@ -360,7 +269,7 @@ class ServerState:
                 return wire.encode(Message({}, out))
 
     def _refuse_lost_pull(
-        self, trainer: int | None, version: int, behind: list[DenseBlock | Table], rollbacks: int
+        self, trainer: int | None, version: int, behind: list[Holder], rollbacks: int
     ) -> None:
         """Raise ``StaleStep`` for a pull of sync ``version`` that nothing will answer: the
         servers began rolling back since it arrived, or ``trainer`` never pushed the step
@@ -374,11 +283,7 @@ class ServerState:
                 f"server {self.index}: a pull of step {version} was waiting when the servers "
                 "began rolling back to a checkpoint (restore): pull again after it"
             )
-        if (
-            trainer is not None
-            and self.last_step.get(trainer, -1) < version - 1
-            and self.back_at.get(trainer, 0) < version
-        ):
+        if self.roster.lost_push(trainer, version):
             at = min(h.version for h in behind)
             raise StaleStep(
                 f"server {self.index} is at step {at} (restarted from its checkpoint, or rolled "
@@ -393,34 +298,24 @@ class ServerState:
             self.rollbacks += 1
             self.cond.notify_all()
 
+    # ---- barriers -------------------------------------------------------------------------
     def barrier(self, msg: Message | schema.Barrier, deadline: float) -> Message:
         """Return once all trainers reached barrier ``generation`` of the barrier ``name``
         (independent counters: the engine's, kv's and fleet's barriers never mix)."""
         req = schema.Barrier.of(msg)
         trainer, name, gen = req.trainer, req.name, req.generation
         with self.cond:
-            self.trainers = req.check(self)
-            with self._calling(trainer):
-                self.barriers.setdefault((name, gen), set()).add(trainer)
-                for old in [k for k in self.barriers if k[0] == name and k[1] < gen - 1]:
-                    del self.barriers[old]
+            self.roster.trainers = req.check(self)
+            with self.roster.calling(trainer):
+                self.barriers.arrive(name, gen, trainer)
                 self.cond.notify_all()
                 self._wait(
-                    lambda: self._barrier_over(name, gen),
+                    lambda: self.barriers.over(name, gen, self.present()),
                     deadline,
                     f"all {self.trainers} trainers at barrier {name or 'step'} {gen}",
                 )
-                self.barrier_done[name] = max(gen, self.barrier_done.get(name, 0))
+                self.barriers.complete(name, gen)
         return Message({})
-
-    def _barrier_over(self, name: str, gen: int) -> bool:
-        """Barrier ``gen`` completed, every trainer still in the job reached it, or one is
-        past it."""
-        return (
-            gen <= self.barrier_done.get(name, 0)
-            or self.present() <= self.barriers.get((name, gen), set())
-            or any(n == name and g > gen for n, g in self.barriers)
-        )
 
     def missing(self, meta: dict[str, Any] | schema.Ping) -> list[int]:
         """The trainers this server still lacks for what a stalled call waits on: their pushes
@@ -430,79 +325,25 @@ class ServerState:
         with self.cond:
             if req.barrier is not None:
                 name, gen = req.barrier
-                if self._barrier_over(name, gen):
+                if self.barriers.over(name, gen, self.present()):
                     return []
                 everyone = self.present() & set(range(self.trainers))
-                return sorted(everyone - self.barriers.get((name, gen), set()))
-            lacking: set[int] = set()
-            held: list[DenseBlock | Table | None] = [self.blocks.get(k) for k in req.keys]
+                return self.barriers.absent(name, gen, everyone)
+            held: list[Holder | None] = [self.blocks.get(k) for k in req.keys]
             held += [self.tables.get(n) for n in req.tables]
-            for h in held:
-                if h is not None and h.sync and h.version < req.version:
-                    lacking |= self._expected(h.version) - set(h.pending)
-            return sorted(lacking)
+            return sorted(self.pushes.lacking(held, req.version))
 
     # ---- trainer liveness -------------------------------------------------------------------
     def present(self) -> set[int]:
         """The trainers barriers wait for: all but those dropped and not rejoined."""
-        return {t for t in range(max(self.trainers, 1)) if self.back_at.get(t, 0) != GONE}
-
-    def _expected(self, step: int) -> set[int]:
-        """The trainers whose pushes sync step ``step`` waits for."""
-        return {t for t in range(self.trainers) if self.back_at.get(t, 0) <= step}
-
-    def _touch(self, trainer: Any) -> None:
-        """A sign of life of ``trainer`` (ignored unless a trainer index of this job)."""
-        if isinstance(trainer, int) and 0 <= trainer < self.trainers:
-            self.last_seen[trainer] = self.clock()
-
-    @contextlib.contextmanager
-    def _calling(self, trainer: int | None) -> Iterator[None]:
-        """``trainer`` has a call in progress (under the lock; it is not silent meanwhile)."""
-        if trainer is None or not 0 <= trainer < self.trainers:
-            yield
-            return
-        self._touch(trainer)
-        self.busy[trainer] = self.busy.get(trainer, 0) + 1
-        try:
-            yield
-        finally:
-            self.busy[trainer] -= 1
-            self._touch(trainer)
-
-    def _refuse_if_dropped(self, trainer: int, step: int) -> None:
-        """Raise ``Dropped`` for a sync push of ``step`` the servers no longer expect from
-        ``trainer`` (dropped, and not rejoined for that step)."""
-        back = self.back_at.get(trainer, 0)
-        if back <= step:
-            return
-        state = "has not rejoined" if back == GONE else f"rejoined from step {int(back)}"
-        text = (
-            f"server {self.index}: trainer {trainer}'s push of step {step} is refused (not "
-            f"applied): the trainer {DROPPED} at step {self.dropped_at.get(trainer, step)} "
-            f"after {TRAINER_TIMEOUT_ENV}={self.trainer_timeout:g} s of silence and {state}"
-        )
-        if (trainer, step) not in self._refusals:
-            self._refusals.add((trainer, step))
-            log.warning("%s", text)
-        raise Dropped(f"{text}; its engine rejoins by itself (PSEngine.rejoin)")
+        return self.roster.present()
 
     def _lacking(self) -> dict[int, str]:
         """The trainers something waits for (a sync step with pushes of others, a barrier with
         arrivals), each with the first such thing."""
-        out: dict[int, str] = {}
-        expected: dict[int, set[int]] = {}  # per step
-        holders: list[DenseBlock | Table] = [*self.blocks.values(), *self.tables.values()]
-        for h in holders:
-            if h.sync and h.pending:
-                if h.version not in expected:
-                    expected[h.version] = self._expected(h.version)
-                for t in sorted(expected[h.version] - h.pending.keys()):
-                    out.setdefault(t, f"step {h.version}")
-        for (name, gen), arrived in sorted(self.barriers.items()):
-            if arrived and not self._barrier_over(name, gen):
-                for t in sorted(self.present() - arrived):
-                    out.setdefault(t, f"barrier {name or 'step'} {gen}")
+        out = self.pushes.waiting()
+        for t, what in self.barriers.waiting(self.present()):
+            out.setdefault(t, what)
         return out
 
     def drop_silent(self) -> list[int]:
@@ -510,25 +351,24 @@ class ServerState:
         none ended) for ``trainer_timeout`` seconds; the trainers dropped (the server calls
         this every fraction of the timeout)."""
         with self.cond:
-            now, dropped = self.clock(), []
+            now, dropped = self.roster.clock(), []
             for t, what in self._lacking().items():
-                seen = self.last_seen.get(t)
-                if seen is None or self.busy.get(t) or now - seen < self.trainer_timeout:
-                    continue  # never seen (still starting), in a call, or not silent long enough
-                self.back_at[t] = GONE
-                self.dropped_at[t] = self.version()
-                discarded = self._discard(t)
+                silent = self.roster.silence(t, now)
+                if silent is None:
+                    continue
+                self.roster.drop(t, self.version())
+                discarded = self.pushes.discard(t)
                 dropped.append(t)
-                last = self.last_step.get(t)
+                last = self.roster.last_step.get(t)
                 log.warning(
                     "server %d: dropped trainer %d: silent for %.1f s (longer than %s=%g s) "
                     "while %s waited for it; its last step: %s%s. The sync steps and barriers "
                     "go on with trainers %s until it rejoins",
                     self.index,
                     t,
-                    now - seen,
+                    silent,
                     TRAINER_TIMEOUT_ENV,
-                    self.trainer_timeout,
+                    self.roster.timeout,
                     what,
                     "none" if last is None else last,
                     f" ({discarded} pushes of unfinished steps discarded)" if discarded else "",
@@ -538,28 +378,9 @@ class ServerState:
                 self._settle()
             return dropped
 
-    def _discard(self, trainer: int) -> int:
-        """Forget ``trainer``'s pushes of unfinished sync steps; how many there were."""
-        n = 0
-        for block in self.blocks.values():
-            if block.pending.pop(trainer, None) is not None:
-                n += 1
-                if not block.pending:
-                    block.round_lr = None
-                elif block.round_lr is not None and block.round_lr[0] == trainer:
-                    block.round_lr = (min(block.pending), block.round_lr[1])
-        for table in self.tables.values():
-            n += table.pending.pop(trainer, None) is not None
-        return n
-
     def _settle(self) -> None:
         """Complete the steps every expected trainer has pushed; wake the waiting calls."""
-        for block in self.blocks.values():
-            if block.sync:
-                self._settle_block(block)
-        for table in self.tables.values():
-            if table.sync:
-                self._settle_table(table)
+        self.pushes.settle()
         self.cond.notify_all()
 
     def join(self, msg: Message | schema.Join) -> Message:
@@ -572,14 +393,10 @@ class ServerState:
         trainer = req.trainer
         with self.cond:
             req.check(self)
-            again = trainer in self.joined or trainer in self.back_at
-            versions = [b.version for b in self.blocks.values() if b.sync]
-            versions += [t.version for t in self.tables.values() if t.sync]
-            start = max([req.step, *versions])
-            discarded = self._discard(trainer)
-            self.back_at[trainer] = start
-            self.joined.add(trainer)
-            self._touch(trainer)
+            again = self.roster.rejoined(trainer)
+            start = max([req.step, *self.pushes.sync_versions()])
+            discarded = self.pushes.discard(trainer)
+            self.roster.join(trainer, start)
             self._settle()
             if again:
                 log.info(
@@ -589,10 +406,9 @@ class ServerState:
                     start,
                     f" ({discarded} pushes of an earlier process discarded)" if discarded else "",
                 )
-            return Message(
-                {"step": start, "rejoined": again, "barrier": self.barrier_done.get("", 0)}
-            )
+            return Message({"step": start, "rejoined": again, "barrier": self.barriers.latest("")})
 
+    # ---- waits ----------------------------------------------------------------------------
     def close(self) -> None:
         """The server is stopping: end every wait now and every later one at once
         (``Closing``), so that no call holds its thread for a trainer that will not come."""
@@ -645,7 +461,7 @@ class ServerState:
         with self.cond:
             self.blocks.clear()
             self.tables.clear()
-            self.trainers, self.digest = int(state["trainers"]), str(state["digest"])
+            self.roster.trainers, self.digest = int(state["trainers"]), str(state["digest"])
             self.settings = json.loads(state.get("settings", "{}"))
             self.blocks.update({k: load_block(s) for k, s in state["blocks"].items()})
             self.tables.update(
@@ -655,14 +471,11 @@ class ServerState:
                 }
             )
             self.barriers.clear()
-            self.back_at.clear()  # a rolled-back job waits for every trainer again
-            self.last_step.clear()  # no trainer has pushed a step since the checkpoint
-            self.barrier_done.clear()
+            self.roster.rolled_back()  # a rolled-back job waits for every trainer again
             self.cond.notify_all()
 
     def version(self) -> int:
         """The lowest version over sync blocks and tables (the step this server is at)."""
         with self.cond:
-            vs = [b.version for b in self.blocks.values() if b.sync]
-            vs += [t.version for t in self.tables.values() if t.sync]
+            vs = self.pushes.sync_versions()
             return min(vs) if vs else 0
