@@ -5,9 +5,10 @@ refuses anything the request cannot carry: unknown fields, wrong types, NaN or i
 numbers, integers outside their range, tensors of the wrong dtype or shape, tensors a request
 does not take. A request's ``check(state)`` then refuses what does not fit what the server
 holds (trainers outside the job, unknown blocks and tables, ids outside this server's shard,
-values of another shape), under the state's lock. Both run before anything is applied, so a
-refused request changes nothing; each refusal is a ``RequestError`` naming the field (the
-server answers INVALID_ARGUMENT). ``ServerState`` and ``Server`` take the parsed requests.
+values of another shape), under the state's lock; it reads the state through ``ServerView``
+(``ServerState`` has it). Both run before anything is applied, so a refused request changes
+nothing; each refusal is a ``RequestError`` naming the field (the server answers
+INVALID_ARGUMENT). ``ServerState`` and ``Server`` take the parsed requests.
 
 A hello's ``settings`` are opaque: the server keeps the first trainer's and sends them back,
 and the trainers compare them (``longboat.ps.settings``).
@@ -16,19 +17,17 @@ and the trainers compare them (``longboat.ps.settings``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
+from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
 
 import torch
 
 from longboat.ps import optim
-from longboat.ps.blocks import REDUCES, UPDATES
+from longboat.ps.blocks import REDUCES, UPDATES, DenseBlock
 from longboat.ps.request import PULL_AFTER_PUSH, RequestError
-from longboat.ps.tables import FLOAT_DTYPES, local_rows
+from longboat.ps.tables import FLOAT_DTYPES, Table, local_rows
 from longboat.ps.wire import Message
-
-if TYPE_CHECKING:
-    from longboat.ps.state import ServerState
 
 INT64_MAX = (1 << 63) - 1
 MAX_TRAINERS = 1 << 16  # trainers of one job (the servers keep per-trainer records)
@@ -36,6 +35,23 @@ MAX_GROUPS = 1 << 16  # param groups of one optimizer
 SCOPES = ("engine", "kv")  # who says hello: lb.ps.distribute's engine, or a KVClient
 
 _Req = TypeVar("_Req", bound="Request")
+
+
+class ServerView(Protocol):
+    """What the requests' checks read of a server's state (``ServerState``)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def num_servers(self) -> int: ...
+    @property
+    def trainers(self) -> int: ...  # the job's trainers (0: not known yet)
+    @property
+    def digest(self) -> str: ...
+    @property
+    def blocks(self) -> Mapping[str, DenseBlock]: ...
+    @property
+    def tables(self) -> Mapping[str, Table]: ...
 
 
 def _show(value: Any) -> str:
@@ -186,7 +202,7 @@ def _no_tensors(msg: Message, what: str) -> None:
         raise RequestError(f"tensor {name!r}: {what} carries no tensors")
 
 
-def _trainer_in(state: ServerState, trainer: int, field: str = "trainer") -> None:
+def _trainer_in(state: ServerView, trainer: int, field: str = "trainer") -> None:
     """``trainer`` is one of the job's (any index below 1 before the job's size is known)."""
     limit = max(state.trainers, 1)
     if not 0 <= trainer < limit:
@@ -315,7 +331,7 @@ class Init(Request):
             dict(msg.tensors),
         )  # fmt: skip
 
-    def check(self, state: ServerState) -> None:
+    def check(self, state: ServerView) -> None:
         if self.digest and state.digest and self.digest != state.digest:
             raise RequestError(
                 f"'digest': server {state.index}: this trainer's sharding plan {self.digest} "
@@ -369,7 +385,7 @@ class Pull(Request):
     def parse(cls, msg: Message) -> Pull:
         return cls.from_meta(msg.meta, "", dict(msg.tensors))
 
-    def check(self, state: ServerState, where: str = "") -> dict[str, torch.Tensor]:
+    def check(self, state: ServerView, where: str = "") -> dict[str, torch.Tensor]:
         """The local rows of every ``ids`` entry (tables) or the rows themselves (blocks)."""
         if self.trainer is not None:
             _trainer_in(state, self.trainer, f"{where}.trainer" if where else "trainer")
@@ -454,7 +470,7 @@ class Push(Request):
             sparse[name] = (ids, grad)
         return cls(trainer, f.integer("step", -1, lo=-1), lrs, then, dense, sparse)
 
-    def check(self, state: ServerState) -> dict[str, torch.Tensor]:
+    def check(self, state: ServerView) -> dict[str, torch.Tensor]:
         """The local rows of each table pushed to (and checks the pull it carries)."""
         _trainer_in(state, self.trainer)
         sync = False
@@ -511,7 +527,7 @@ class Barrier(Request):
             f.optional_integer("trainers", lo=1, hi=MAX_TRAINERS),
         )  # fmt: skip
 
-    def check(self, state: ServerState) -> int:
+    def check(self, state: ServerView) -> int:
         """The job's trainer count (this request's when the server does not know it yet)."""
         if state.trainers and self.trainers is not None and self.trainers != state.trainers:
             raise RequestError(f"'trainers' is {self.trainers}; the job has {state.trainers}")
@@ -593,7 +609,7 @@ class Restore(Request):
         trainer = f.integer("trainer", 0, hi=MAX_TRAINERS - 1)
         return cls(trainer, f.integer("step", 0), f.integer("generation", 0))
 
-    def check(self, state: ServerState) -> None:
+    def check(self, state: ServerView) -> None:
         _trainer_in(state, self.trainer)
 
 
@@ -622,7 +638,7 @@ class Configure(Request):
                 shrink = f.strings("shrink")
         return cls(blocks, shrink, every)
 
-    def check(self, state: ServerState) -> None:
+    def check(self, state: ServerView) -> None:
         for i, spec in enumerate(self.blocks):
             block = state.blocks.get(spec["key"])
             if block is None:
@@ -654,7 +670,7 @@ class Stop(Request):
         f = Fields(msg.meta, ("trainer",), what="a stop")
         return cls(f.integer("trainer", 0, hi=MAX_TRAINERS - 1))
 
-    def check(self, state: ServerState) -> None:
+    def check(self, state: ServerView) -> None:
         _trainer_in(state, self.trainer)
 
 
@@ -677,7 +693,7 @@ class Hello(Request):
             f.fail("settings", "given (an object)", None)
         return cls(scope, f.integer("trainer", 0, hi=MAX_TRAINERS - 1), settings)
 
-    def check(self, state: ServerState) -> None:
+    def check(self, state: ServerView) -> None:
         if state.trainers:
             _trainer_in(state, self.trainer)
 
@@ -696,7 +712,7 @@ class Join(Request):
         f = Fields(msg.meta, ("trainer", "step"), what="a join")
         return cls(f.integer("trainer", 0, hi=MAX_TRAINERS - 1), f.integer("step", 0))
 
-    def check(self, state: ServerState) -> None:
+    def check(self, state: ServerView) -> None:
         if not 0 <= self.trainer < state.trainers:
             raise RequestError(
                 f"'trainer' must be in [0, {state.trainers}) (the job's trainers), got "
