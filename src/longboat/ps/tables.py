@@ -109,8 +109,7 @@ def _make_lazy(
     probability = admission.get("probability", 1.0) if isinstance(admission, dict) else None
     if (
         rows < 0 or dim < 1 or dtype is None or storage is None or not isinstance(opt_name, str)
-        or not 0 <= seed < 1 << 63 or not isinstance(scale, int | float)
-        or not math.isfinite(scale) or count < 1 or evict_after < 0 or expected < 0
+        or _bad_lazy_numbers(seed, scale, count, evict_after, expected)
         or not isinstance(probability, int | float) or not 0 < probability <= 1
         or set(admission) - {"count", "probability"}
     ):  # fmt: skip
@@ -152,6 +151,15 @@ def _make_lazy(
         4 * dim,
     )
     return Table(torch.empty(0, dim, dtype=dtype), opt_name, h, sync, {}, dict(spec), lazy=store)
+
+
+def _bad_lazy_numbers(seed: int, scale: Any, count: int, evict_after: int, expected: int) -> bool:
+    """A lazy table's ``seed`` outside [0, 2**63), ``scale`` not a finite number, or an
+    admission ``count``, ``evict_after`` or ``expected_rows`` out of range."""
+    return (
+        not 0 <= seed < 1 << 63 or not isinstance(scale, int | float)
+        or not math.isfinite(scale) or count < 1 or evict_after < 0 or expected < 0
+    )  # fmt: skip
 
 
 def local_rows(
