@@ -26,6 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     prof.add_argument("--warmup", type=int, default=3, help="discarded steps (default 3)")
     prof.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     prof.add_argument("--amp", action="store_true", help="forward under bfloat16 autocast")
+    prof.add_argument(
+        "--device",
+        default="cpu",
+        help="measure on cpu (default) or cuda; a CUDA profile is taken as measured with "
+        "`predict --device profiled`",
+    )
     prof.add_argument("-o", "--output", required=True, help="profile JSON to write")
     cal = sub.add_parser(
         "calibrate", help="fit link parameters to this machine (and emulated links)"
@@ -288,6 +294,7 @@ def _profile(args: argparse.Namespace, show: bool) -> Any:
             getattr(args, "threads", 1),
             getattr(args, "amp", False),
             done,
+            getattr(args, "device", "cpu") if args.sim_command == "profile" else "cpu",
         )
 
 

@@ -3,7 +3,9 @@
 Forward, backward and optimizer are timed separately over several repeats (medians); during
 backward a post-accumulate-grad hook on every parameter records when its gradient is ready, the
 moment the reducer would copy it into its bucket. Leaf-module forward times come from module
-hooks; FLOPs from ``torch.utils.flop_counter``.
+hooks; FLOPs from ``torch.utils.flop_counter``. On CUDA (``device="cuda"``) every time is a
+CUDA event on the current stream (the hooks record one where the gradient's kernel was
+queued), read after the step synchronises; leaf-module times are not taken there.
 """
 
 from __future__ import annotations
@@ -75,23 +77,26 @@ def measure(
     threads: int = 1,
     amp: bool = False,
     done: Callable[..., None] | None = None,
+    device: str = "cpu",
 ) -> Profile:
     """Time ``repeats`` steps of momentum SGD on ``batch``; medians make the profile."""
     torch.set_num_threads(threads)
+    dev = _device(device)
+    model = model.to(dev)
+    batch = (batch[0].to(dev), batch[1].to(dev))
+    clock = _Clock(dev)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.SGD([p for _, p in named], lr=0.01, momentum=0.9)
-    stamps: list[float] = [0.0] * len(named)
+    stamps: list[object] = [None] * len(named)
     hooks = [
-        p.register_post_accumulate_grad_hook(
-            lambda _p, i=i: stamps.__setitem__(i, time.perf_counter())
-        )
+        p.register_post_accumulate_grad_hook(lambda _p, i=i: stamps.__setitem__(i, clock.stamp()))
         for i, (_, p) in enumerate(named)
     ]
     leaves = {n: m for n, m in model.named_modules() if not list(m.children())}
     starts: dict[str, float] = {}
     spent: dict[str, list[float]] = {n: [] for n in leaves}
     module_hooks = []
-    for n, m in leaves.items():
+    for n, m in leaves.items() if not clock.cuda else ():
         module_hooks.append(
             m.register_forward_pre_hook(lambda *_, n=n: starts.__setitem__(n, time.perf_counter()))
         )
@@ -102,23 +107,25 @@ def measure(
         )
     fwd, bwd, step = [], [], []
     ready: list[list[float]] = [[] for _ in named]
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else _nullcontext()
+    ctx = torch.autocast(dev.type, dtype=torch.bfloat16) if amp else _nullcontext()
     for r in range(warmup + repeats):
         opt.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
+        clock.sync()
+        t0 = clock.stamp()
         with ctx:
             loss = F.cross_entropy(model(batch[0]), batch[1])
-        t1 = time.perf_counter()
+        t1 = clock.stamp()
         loss.backward()
-        t2 = time.perf_counter()
+        t2 = clock.stamp()
         opt.step()
-        t3 = time.perf_counter()
+        t3 = clock.stamp()
+        clock.sync()
         if r >= warmup:
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
-            step.append(t3 - t2)
+            fwd.append(clock.seconds(t0, t1))
+            bwd.append(clock.seconds(t1, t2))
+            step.append(clock.seconds(t2, t3))
             for i, s in enumerate(stamps):
-                ready[i].append(max(0.0, s - t1))
+                ready[i].append(max(0.0, clock.seconds(t1, s)) if s is not None else 0.0)
         if done is not None:
             done()
     for h in hooks + module_hooks:
@@ -134,6 +141,7 @@ def measure(
         )
         for (n, p), r in zip(named, ready, strict=True)
     )
+    where = torch.cuda.get_device_name(dev) if clock.cuda else platform.processor()
     return Profile(
         model=name,
         batch=len(batch[0]),
@@ -145,8 +153,44 @@ def measure(
         layers={n: statistics.median(v[warmup:]) for n, v in spent.items() if len(v) > warmup},
         threads=threads,
         amp=amp,
-        host=f"{platform.machine()} {platform.processor() or platform.system()}, torch {torch.__version__}",
+        host=f"{platform.machine()} {where or platform.system()}, torch {torch.__version__}",
+        device=dev.type,
     )
+
+
+class _Clock:
+    """Time stamps: host seconds on CPU, CUDA events (read after a synchronise) on CUDA."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def stamp(self) -> object:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: object, end: object) -> float:
+        if not self.cuda:
+            return float(end) - float(start)  # type: ignore[arg-type]
+        return start.elapsed_time(end) / 1e3  # type: ignore[attr-defined]
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"profile device {name!r}: cpu or cuda (cuda:N for one GPU)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("profile device cuda: no CUDA device is available here")
+    return device
 
 
 class _nullcontext:
