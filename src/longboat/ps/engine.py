@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from longboat.cluster import on_shutdown
 from longboat.log import get_logger
 from longboat.ps import auth, modes, settings, table_admin
+from longboat.ps.active_engine import current, make_current, release
 from longboat.ps.client import Call, Client, PSError, ReplyWatch
 from longboat.ps.config import PSConfig, cluster_from_env
 from longboat.ps.optim import describe_torch_optimizer
@@ -40,7 +40,6 @@ log = get_logger("longboat.ps")
 
 MODES = ("sync", "async", "half_async", "geo")  # the built-in modes; modes.names() lists all
 _NULL = contextlib.nullcontext()
-_current: PSEngine | None = None  # read through current(); forgotten at lb.shutdown()
 
 
 # param-group keys that learning-rate schedulers change while training
@@ -420,7 +419,7 @@ class PSEngine:
             self.client.close()
             if self.trace is not None:
                 self.trace.close()
-            _release(self)
+            release(self)
 
 
 def distribute(
@@ -455,38 +454,8 @@ def distribute(
         trainers = env_trainers if trainers is None else trainers
     token = token or auth.load_token()
     engine = PSEngine(model, optimizer, cfg, servers, token, trainer, trainers, strategy, timeout)
-    _make_current(engine)
+    make_current(engine)
     return PSModel(model, engine), PSOptimizer(engine, optimizer)
-
-
-def _make_current(engine: PSEngine) -> None:
-    """``engine`` becomes `current`; the next ``lb.shutdown()`` closes and forgets it."""
-    global _current
-    _current = engine
-    on_shutdown(_forget_current)
-
-
-def _release(engine: PSEngine) -> None:
-    """A closed ``engine`` stops being `current`."""
-    global _current
-    if _current is engine:
-        _current = None
-
-
-def _forget_current() -> None:
-    """At ``lb.shutdown()``: close the current engine (if any) and forget it."""
-    global _current
-    engine, _current = _current, None
-    if engine is not None:
-        engine.close()
-
-
-def current() -> PSEngine:
-    """The engine of the last ``distribute`` in this process (the one accessor of it; closing
-    the engine or ``lb.shutdown()`` forgets it)."""
-    if _current is None:
-        raise RuntimeError("no parameter-server engine: call lb.distribute with mode='ps' first")
-    return _current
 
 
 def save() -> int:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from longboat.ps.active_engine import current
 from longboat.ps.wire import Message
 
 
 def _client() -> Any:
-    from longboat.ps.engine import current
-
     return current().client
 
 
@@ -23,8 +22,6 @@ def shrink(tables: list[str] | None = None, client: Any = None) -> dict[str, int
     table, summed over the servers. Call it from one trainer, between steps. Without
     ``client``, the current engine's (``PSEngine.shrink``: its replay log keeps the call)."""
     if client is None:
-        from longboat.ps.engine import current
-
         return current().shrink(tables)
     return shrink_on(client, tables)
 
