@@ -86,6 +86,8 @@ def test_profile_device_apart_from_backend(tmp_path) -> None:  # noqa: ANN001
     assert taken["backend"] == "nccl"
     assert taken["prediction"]["compute_s"] >= resnet50_like().compute_s
     assert predict(path, *flags, "--backend", "gloo")["backend"] == "gloo"
+    best = predict(path, *flags, "--recommend")["recommendation"]
+    assert "shm" not in str(best["fields"])  # searched under NCCL rules, not Gloo's
     assert (
         predict(path, "--nodes", "2", "--devices-per-node", "2", "--device", "cpu")["backend"]
         == "gloo"

@@ -4,6 +4,7 @@ cluster of up to thousands of devices, from a profile measured here (see docs/si
     from longboat import sim
     prof = sim.profile_model("resnet")                       # or sim.load_profile("p.json")
     cluster = sim.load_cluster("cluster.yaml")               # or sim.Cluster(...)
+    cluster = sim.fit.calibrated(prof, cluster, 0.104)       # one GPU's measured step (optional)
     sim.simulate(prof, cluster, lb.Strategy(nccl_comm_num=2))  # -> Prediction
     sim.sweep(prof, cluster)                                 # N = 1, 2, 4, ... devices
     sim.recommend(prof, cluster)[0].strategy                 # fastest settings found
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from longboat.sim import fit
 from longboat.sim.calibrate import calibrate
 from longboat.sim.cluster import AlgorithmCost, Cluster, ClusterError, Link, PsServers
 from longboat.sim.cluster import from_dict as cluster_from_dict
@@ -48,6 +50,7 @@ __all__ = [
     "PsServers",
     "calibrate",
     "cluster_from_dict",
+    "fit",
     "load_cluster",
     "load_profile",
     "plot",

@@ -19,7 +19,7 @@ import yaml
 
 from longboat.sim import cost
 from longboat.sim.cluster import Cluster
-from longboat.sim.predict import Prediction, comm_settings, simulate
+from longboat.sim.predict import Prediction, comm_settings, resolve, simulate
 from longboat.sim.profile import Profile
 from longboat.strategy import Strategy, StrategyError
 from longboat.tools.progress import progress
@@ -79,6 +79,7 @@ def recommend(
     settings first (a predicted gain below ``TIE`` is no reason to change a setting), then the
     rest, fastest first. Fields equal to what the default Strategy runs with on ``cluster``
     (topology-chosen settings resolved) are dropped."""
+    cluster = resolve(cluster, profile)  # the backend the profile implies (device: profiled)
     default = comm_settings(Strategy(), cluster)
     defaults = Strategy().to_dict() | {
         "allreduce_algorithm": default.algorithm,
