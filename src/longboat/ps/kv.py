@@ -21,7 +21,7 @@ import itertools
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -32,6 +32,8 @@ from longboat.ps.plan import DEFAULT_MAX_BLOCK_NUMEL, DEFAULT_MIN_BLOCK_SIZE, sp
 from longboat.ps.wire import Message, chunks_by_bytes
 
 _PREFIX = "kv:"
+# what a part carries to its server: a push's rows; a pull's ids, or None for a whole block
+_Payload = TypeVar("_Payload", bound=torch.Tensor | None)
 
 
 class KVClient:
@@ -156,7 +158,7 @@ class KVClient:
 
     def push_many(self, values: Mapping[str, torch.Tensor]) -> None:
         """Push several keys at once: one message per server (and step), sent in parallel."""
-        parts: list[tuple[int, int, str, int, torch.Tensor | None]] = []
+        parts: list[tuple[int, int, str, int, torch.Tensor]] = []
         for key, value in values.items():
             shape, dtype, blocks = self._known(key)
             if value.shape != shape:
@@ -171,7 +173,7 @@ class KVClient:
                 parts.append((server, step, f"{_PREFIX}{key}/{i}", nbytes, rows))
         calls = [
             self.client.start(server, "push", Message({"trainer": self.trainer, "step": step},
-                                                      dict(chunk)))  # type: ignore[arg-type]
+                                                      dict(chunk)))
             for (server, step), chunk in self._grouped(parts)
         ]  # fmt: skip
         for call in calls:
@@ -259,11 +261,11 @@ class KVClient:
         return got
 
     def _grouped(
-        self, parts: list[tuple[int, int, str, int, torch.Tensor | None]]
-    ) -> list[tuple[tuple[int, int], list[tuple[str, torch.Tensor | None]]]]:
+        self, parts: list[tuple[int, int, str, int, _Payload]]
+    ) -> list[tuple[tuple[int, int], list[tuple[str, _Payload]]]]:
         """``parts`` (server, step, block key, bytes, payload) as messages per (server, step),
         each at most half the message limit (a block larger than that travels alone)."""
-        groups: dict[tuple[int, int], list[tuple[tuple[str, torch.Tensor | None], int]]] = {}
+        groups: dict[tuple[int, int], list[tuple[tuple[str, _Payload], int]]] = {}
         for server, step, key, nbytes, t in parts:
             groups.setdefault((server, step), []).append(((key, t), nbytes))
         limit = self.client.max_bytes // 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 MAX_CALLS_ENV = "LONGBOAT_PS_MAX_CALLS"
 MAX_STREAMS_ENV = "LONGBOAT_PS_MAX_STREAMS"
@@ -54,7 +55,7 @@ class ServerLimits:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServerLimits:
         env = os.environ if env is None else env
-        values: dict[str, float] = {}
+        values: dict[str, Any] = {}  # an int or a float, as the field's type says
         for f in fields(cls):
             raw = env.get(ENV[f.name])
             if raw:
@@ -62,7 +63,7 @@ class ServerLimits:
                     values[f.name] = float(raw) if f.type == "float" else int(raw)
                 except ValueError:
                     raise ValueError(f"{ENV[f.name]}={raw!r} is not a {f.type}") from None
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
 
     def grpc_options(self, max_bytes: int) -> list[tuple[str, int]]:
         """gRPC server options for these limits and ``max_bytes`` per message."""
