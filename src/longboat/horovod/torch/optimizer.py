@@ -21,6 +21,12 @@ into a sparse tensor (its own sparse dimensions) by ``synchronize()``, as Horovo
 
 ``optimizer.rebuild()`` moves the averaging to the current process group after an elastic
 membership change (``hvd.elastic.run`` calls it for every live DistributedOptimizer).
+
+As in Horovod, ``hvd.DistributedOptimizer(opt)`` returns a new object whose class is a subclass
+of ``type(opt)`` (same name) with ``_DistributedOptimizer`` in front, so the returned optimizer
+is still an instance of the user's class (``broadcast_optimizer_state`` relies on that). It
+shares ``opt``'s param groups, state and defaults; ``opt`` itself is left unchanged: use the
+returned optimizer. (``lb.distribute`` wraps optimizers its own way: `longboat.optim.staged`.)
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import json
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -53,7 +59,6 @@ from longboat.horovod.torch.ops import (
     synchronize,
 )
 from longboat.horovod.torch.sparse import sparse_allreduce_async
-from longboat.optim.extend import extend
 from longboat.strategy import Strategy
 
 _MORE_PASSES = (
@@ -65,10 +70,12 @@ _ZERO_GRAD_RACE = (
     "optimizer.synchronize(). This is prohibited as it can cause a race condition."
 )
 _live: list[weakref.ref] = []  # every DistributedOptimizer made in this process, in order
+M = TypeVar("M", bound=torch.optim.Optimizer)
 
 
-class _DistributedOptimizer:
-    """Mixin put in front of the user's optimizer class (the object keeps its identity)."""
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Put in front of the user's optimizer class by `DistributedOptimizer` (see the module
+    docstring); never instantiated on its own."""
 
     _hvd_reducer: Reducer
     _hvd_compressors: list[Any]
@@ -182,15 +189,15 @@ class _DistributedOptimizer:
                 )
             self.synchronize()
         self._hvd_synchronized = False
-        return super().step(closure)  # type: ignore[misc]
+        return super().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._hvd_passes > 0:
             raise AssertionError(_ZERO_GRAD_RACE)
-        super().zero_grad(set_to_none)  # type: ignore[misc]
+        super().zero_grad(set_to_none)
 
 
-class _OutsideSet:
+class _OutsideSet(torch.optim.Optimizer):
     """A DistributedOptimizer on a rank outside its process set: as in Horovod, nothing is
     reduced there (no hooks); ``step()`` is the wrapped optimizer's own."""
 
@@ -211,8 +218,35 @@ class _OutsideSet:
 def local_step(optimizer: torch.optim.Optimizer) -> Any:
     """The wrapped optimizer's own ``step`` (no synchronize), or ``optimizer.step``."""
     if isinstance(optimizer, _DistributedOptimizer):
-        return super(_DistributedOptimizer, optimizer).step  # type: ignore[misc]
+        return super(_DistributedOptimizer, optimizer).step
     return optimizer.step
+
+
+_classes: dict[tuple[type, type], type] = {}  # (user's class, mixin) -> the wrapper class
+
+
+def _subclass(base: type, mixin: type[M]) -> type[M]:
+    """Horovod's wrapper class: ``mixin`` in front of ``base``, under ``base``'s name (one class
+    per pair, so optimizers wrapped alike share it)."""
+    key = (base, mixin)
+    if key not in _classes:
+        _classes[key] = type(base.__name__, (mixin, base), {"__module__": mixin.__module__})
+    return _classes[key]
+
+
+def _new_like(optimizer: torch.optim.Optimizer, mixin: type[M]) -> M:
+    """A new object of ``type(optimizer)`` with ``mixin`` in front, holding ``optimizer``'s
+    attributes (its param groups, state, defaults and hooks: the same objects). A method the
+    object carries itself (an LR scheduler's ``step`` patch) is bound to ``optimizer``, so it
+    is left behind."""
+    if isinstance(optimizer, _DistributedOptimizer | _OutsideSet):
+        raise ValueError("this optimizer is already a hvd.DistributedOptimizer")
+    klass = _subclass(type(optimizer), mixin)
+    new = cast(M, object.__new__(klass))
+    new.__dict__.update(
+        (k, v) for k, v in vars(optimizer).items() if not callable(getattr(klass, k, None))
+    )
+    return new
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
@@ -227,20 +261,17 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     sparse_as_dense: bool = False,
     process_set: ProcessSet = global_process_set,
 ) -> torch.optim.Optimizer:
-    """Make ``optimizer`` average gradients across ranks (in place; returns it)."""
+    """A new optimizer, an instance of ``type(optimizer)`` sharing its param groups and state,
+    whose ``step`` averages gradients across ranks first (see the module docstring)."""
     basics.size()  # ValueError before hvd.init(), as Horovod
     outside = process_set is not None and process_set is not global_process_set
     if outside and process_set.included() is False:
-        return extend(
-            optimizer,
-            _OutsideSet,
-            "",
-            backward_passes_per_step=int(backward_passes_per_step),
-            _parameter_names=_parameter_names(_all_named(optimizer, named_parameters)),
-        )
+        lone = _new_like(optimizer, _OutsideSet)
+        lone.backward_passes_per_step = int(backward_passes_per_step)
+        lone._parameter_names = _parameter_names(_all_named(optimizer, named_parameters))
+        return lone
     set_size(process_set)  # ValueError for a set that is not registered
-    if isinstance(optimizer, _DistributedOptimizer):
-        raise ValueError("this optimizer is already a hvd.DistributedOptimizer")
+    dopt = _new_like(optimizer, _DistributedOptimizer)
     op = ReduceOp(int(op))
     if op == ReduceOp.Adasum:
         raise NotImplementedError(
@@ -269,7 +300,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         strategy.sync_nccl_allreduce = False
     hooks = [  # before the reducer's hooks: they must run first
         p.register_post_accumulate_grad_hook(
-            functools.partial(_on_grad, optimizer, name, sparse_as_dense)
+            functools.partial(_on_grad, dopt, name, sparse_as_dense)
         )
         for name, p in named
     ]
@@ -280,31 +311,19 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         for hook in hooks:
             hook.remove()
         raise
-    extended = extend(
-        optimizer,
-        _DistributedOptimizer,
-        "",  # the user's class name, as Horovod's wrapper class keeps it
-        backward_passes_per_step=int(backward_passes_per_step),
-        _hvd_passes=0,
-        _hvd_in_pass=False,
-        _hvd_should_sync=True,
-        _hvd_synchronized=False,
-        _hvd_divisor=float(world if op == Average else 1),
-        _hvd_hooks=hooks,
-        _hvd_reducer=reducer,
-        _hvd_compressors=compressors,
-        _hvd_named=named,
-        _hvd_strategy=strategy,
-        _hvd_plan=plan,
-        _hvd_average=op == Average,
-        _hvd_process_set=process_set,
-        _hvd_sparse={},
-        _hvd_densified={},
-        _parameter_names=_parameter_names(every_named),
-    )
+    dopt.backward_passes_per_step = int(backward_passes_per_step)
+    dopt._hvd_passes, dopt._hvd_in_pass = 0, False
+    dopt._hvd_should_sync, dopt._hvd_synchronized = True, False
+    dopt._hvd_divisor = float(world if op == Average else 1)
+    dopt._hvd_hooks = hooks
+    dopt._hvd_reducer, dopt._hvd_compressors = reducer, compressors
+    dopt._hvd_named, dopt._hvd_strategy, dopt._hvd_plan = named, strategy, plan
+    dopt._hvd_average, dopt._hvd_process_set = op == Average, process_set
+    dopt._hvd_sparse, dopt._hvd_densified = {}, {}
+    dopt._parameter_names = _parameter_names(every_named)
     _live[:] = [ref for ref in _live if ref() is not None]
-    _live.append(weakref.ref(extended))
-    return extended
+    _live.append(weakref.ref(dopt))
+    return dopt
 
 
 def live_optimizers() -> list[torch.optim.Optimizer]:
@@ -313,8 +332,8 @@ def live_optimizers() -> list[torch.optim.Optimizer]:
 
 
 def _on_grad(optimizer: Any, name: str, sparse_as_dense: bool, param: torch.Tensor) -> None:
-    """A parameter's gradient is accumulated: the optimizer, a `_DistributedOptimizer` by
-    then (hooks go on before the reducer's, the class swap after it is built), counts it."""
+    """A parameter's gradient is accumulated: the new optimizer counts it (its hooks go on
+    before the reducer's; its fields are set once the reducer is built)."""
     optimizer._hvd_hook(name, sparse_as_dense, param)
 
 
