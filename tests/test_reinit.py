@@ -18,8 +18,9 @@ import longboat as lb
 import longboat.cluster as lc
 import longboat.horovod.torch as hvd
 from longboat.cluster import runtime
+from longboat.collective.optimizer import MergeGate
 from longboat.horovod.torch import ops
-from longboat.optim import extend
+from longboat.optim import StageKind
 from longboat.trace import collective_watch, current_observer
 from longboat.trace.stall import watch_collectives
 
@@ -85,11 +86,10 @@ def test_train_shutdown_init_train_again(clean_env: pytest.MonkeyPatch, tmp_path
         model = _model()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         wrapped, traced = lb.distribute(model, opt, strategy)
-        assert traced is opt and type(opt).__name__ == "TracedSGD"
-        assert isinstance(opt, torch.optim.SGD)
+        assert traced.inner is opt and traced.stage(StageKind.TIMELINE) is not None
         observer = current_observer()
         assert observer is not None and observer is wrapped.reducer.observer
-        _train(wrapped, opt, list(lb.trace.data(_batches())))
+        _train(wrapped, traced, list(lb.trace.data(_batches())))
         for got, want in zip(model.parameters(), expected, strict=True):
             torch.testing.assert_close(got.detach(), want)
         lb.shutdown()
@@ -99,46 +99,16 @@ def test_train_shutdown_init_train_again(clean_env: pytest.MonkeyPatch, tmp_path
         assert {e["name"] for e in lb.trace.load(timeline)} >= {"forward", "optimizer step"}
 
 
-class _Counted:
-    counter: list[int]
-
-    def step(self, closure: object = None) -> object:
-        self.counter.append(1)
-        return super().step(closure)  # type: ignore[misc]
-
-
-class _Named:
-    label: str
-
-
-def test_extend_swaps_once_stacks_and_sets_declared_collaborators() -> None:
-    opt = torch.optim.SGD(_model().parameters(), lr=0.1)
-    first: list[int] = []
-    assert extend(opt, _Counted, "Counted", counter=first) is opt
-    assert type(opt).__name__ == "CountedSGD" and isinstance(opt, torch.optim.SGD)
-    klass = type(opt)
-    second: list[int] = []
-    extend(opt, _Counted, "Counted", counter=second)  # again: same class, new collaborator
-    assert type(opt) is klass and opt.counter is second
-    extend(opt, _Named, "", label="x")  # stacks in front, keeps the name
-    assert type(opt).__name__ == "CountedSGD" and type(opt).__mro__[1:3] == (_Named, klass)
-    opt.step()
-    assert (first, second, opt.label) == ([], [1], "x")
-    with pytest.raises(TypeError, match="declares no attribute"):
-        extend(opt, _Named, lable="y")
-    other = torch.optim.SGD(_model().parameters(), lr=0.1)
-    assert type(extend(other, _Counted, "Counted", counter=[])) is klass  # one class per kind
-
-
-def test_gradient_merge_gate_is_extended_once(clean_env: pytest.MonkeyPatch) -> None:
+def test_gradient_merge_gate_is_staged_once(clean_env: pytest.MonkeyPatch) -> None:
     lb.init()
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy = lb.Strategy()
     strategy.gradient_merge = True
     strategy.gradient_merge_configs = {"k_steps": 2, "avg": True}
-    wrapped, _ = lb.distribute(model, opt, strategy)
-    assert type(opt).__name__ == "MergedSGD" and opt._lb_model is wrapped
+    wrapped, staged = lb.distribute(model, opt, strategy)
+    gate = staged.stage(StageKind.GRADIENT_MERGE)
+    assert staged.inner is opt and isinstance(gate, MergeGate) and gate.model is wrapped
     with pytest.raises(ValueError, match="already passed"):
         lb.distribute(_model(), opt, strategy)
     lb.shutdown()

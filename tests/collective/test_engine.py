@@ -71,7 +71,7 @@ def test_gradient_merge_gates_step_and_zero_grad(single):
     strategy = lb.Strategy(gradient_merge=True)
     strategy.gradient_merge_configs = {"k_steps": 3, "avg": False}
     wrapped, opt = lb.distribute(model, opt, strategy)
-    assert isinstance(opt, torch.optim.SGD) and isinstance(wrapped, DistributedModel)
+    assert isinstance(opt.inner, torch.optim.SGD) and isinstance(wrapped, DistributedModel)
     start = model[0].weight.detach().clone()
     x = torch.randn(5, 4)
     grads = []

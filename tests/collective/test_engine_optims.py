@@ -61,7 +61,7 @@ def _train_all(rank: int, world: int) -> dict[str, dict[str, torch.Tensor]]:
             F.cross_entropy(dmodel(shard(x[i], rank, world)), shard(y[i], rank, world)).backward()
             opt.step()
         out[kind] = params_of(model)
-        out[kind + "-type"] = {"name": torch.tensor([ord(c) for c in type(opt).__name__])}
+        out[kind + "-type"] = {"name": torch.tensor([ord(c) for c in type(opt.inner).__name__])}
     return out
 
 

@@ -23,11 +23,11 @@ from longboat.collective.consistency import (
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.model import DistributedModel
 from longboat.collective.optimizer import (
-    attach_dgc,
-    attach_local_sgd,
-    attach_loss_scaling,
+    DGCMomentum,
+    LocalSGDStep,
+    LossScaling,
+    MergeGate,
     dgc_momentum,
-    gate_for_gradient_merge,
     use_multi_tensor_kernels,
 )
 from longboat.collective.reducer import Reducer
@@ -40,6 +40,7 @@ from longboat.comm.serial import SerialAllreduce
 from longboat.elastic import world as elastic_world
 from longboat.log import get_logger
 from longboat.optim import wrap_optimizer
+from longboat.optim.staged import ALREADY_DISTRIBUTED, Stage, StagedOptimizer, is_distributed
 from longboat.recompute import apply_recompute
 from longboat.registry import Entry
 from longboat.strategy import Strategy
@@ -198,7 +199,9 @@ def _wrap_optimizer(
     named: list[tuple[str, nn.Parameter]],
     scaled: bool,
 ) -> torch.optim.Optimizer | None:
-    """LARS/LAMB, fused kernels, loss scaling, DGC, gradient-merge and local-SGD gating."""
+    """The returned optimizer: the user's (or LARS/LAMB), with fused kernels, wrapped in a
+    `StagedOptimizer` with the stages the strategy asks for (loss scaling, DGC momentum,
+    gradient merge, local SGD; their order is `StageKind`'s)."""
     local_sgd = wrapped.local_sgd
     if optimizer is None:
         if local_sgd is not None:
@@ -206,27 +209,31 @@ def _wrap_optimizer(
                 "local SGD averages parameters after optimizer steps: pass the optimizer"
             )
         return None
+    if is_distributed(optimizer):
+        raise ValueError(f"{ALREADY_DISTRIBUTED}: use the optimizer it returned")
     optimizer = _replace_optimizer(strategy, optimizer, named)
     if strategy.fuse_all_optimizer_ops and not use_multi_tensor_kernels(optimizer):
         log.warning(
             "fuse_all_optimizer_ops: %s has no multi-tensor implementation; unchanged",
             type(optimizer).__name__,
         )
+    stages: list[Stage] = []
     if scaled:
-        optimizer = attach_loss_scaling(optimizer, wrapped)
+        stages.append(LossScaling(wrapped))
     if strategy.dgc:
-        optimizer = attach_dgc(optimizer, [c.state for c in wrapped.compressors])
+        stages.append(DGCMomentum([c.state for c in wrapped.compressors], optimizer))
     if wrapped.k_steps > 1:
-        optimizer = gate_for_gradient_merge(optimizer, wrapped)
+        stages.append(MergeGate(wrapped))
     if local_sgd is not None:
-        optimizer = attach_local_sgd(optimizer, local_sgd)
-    return optimizer
+        stages.append(LocalSGDStep(local_sgd, optimizer))
+    return StagedOptimizer(optimizer, stages)
 
 
 def _replace_optimizer(
     strategy: Strategy, optimizer: torch.optim.Optimizer, named: list[tuple[str, nn.Parameter]]
 ) -> torch.optim.Optimizer:
-    """Fleet's LARS/LAMB meta-optimizers: the user's SGD/Adam becomes LARS/LAMB."""
+    """Fleet's LARS/LAMB meta-optimizers: the user's SGD/Adam becomes LARS/LAMB (the inner
+    optimizer of the returned `StagedOptimizer`)."""
     for kind in ("lars", "lamb"):
         if getattr(strategy, kind):
             return wrap_optimizer(

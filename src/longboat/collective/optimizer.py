@@ -1,4 +1,5 @@
-"""Optimizer glue: gradient-merge gating and Fleet's optimizer-fusion mapping."""
+"""The collective engine's optimizer stages (gradient merge, local SGD, AMP loss scaling, DGC
+momentum; see `longboat.optim.staged` for their order) and Fleet's optimizer-fusion mapping."""
 
 from __future__ import annotations
 
@@ -9,31 +10,25 @@ import torch
 
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.model import DistributedModel
-from longboat.optim.extend import extend
+from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest, ZeroGradRest
 
 
-class _MergeGate:
-    """Mixin: ``step`` and ``zero_grad`` act only at gradient-merge boundaries."""
+class MergeGate(Stage):
+    """``step`` and ``zero_grad`` act only at gradient-merge boundaries."""
 
-    _lb_model: DistributedModel
+    kind = StageKind.GRADIENT_MERGE
 
-    def step(self, closure: Any = None) -> Any:
-        if not self._lb_model.is_merge_boundary():
+    def __init__(self, model: DistributedModel) -> None:
+        self.model = model
+
+    def step(self, rest: StepRest, closure: Any = None, **kwargs: Any) -> Any:
+        if not self.model.is_merge_boundary():
             return None
-        return super().step(closure)  # type: ignore[misc]
+        return rest(closure, **kwargs)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._lb_model.is_merge_boundary():
-            super().zero_grad(set_to_none)  # type: ignore[misc]
-
-
-def gate_for_gradient_merge(
-    optimizer: torch.optim.Optimizer, model: DistributedModel
-) -> torch.optim.Optimizer:
-    """Make ``optimizer`` skip ``step``/``zero_grad`` between merge boundaries (in place)."""
-    if isinstance(optimizer, _MergeGate):
-        raise ValueError("this optimizer was already passed to lb.distribute")
-    return extend(optimizer, _MergeGate, "Merged", _lb_model=model)
+    def zero_grad(self, rest: ZeroGradRest, set_to_none: bool) -> None:
+        if self.model.is_merge_boundary():
+            rest(set_to_none)
 
 
 def use_multi_tensor_kernels(optimizer: torch.optim.Optimizer) -> bool:
@@ -48,67 +43,65 @@ def use_multi_tensor_kernels(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
-class _LocalSGDStep:
-    """Mixin: after each optimizer step, local SGD averages parameters on its schedule."""
+class LocalSGDStep(Stage):
+    """After each step, local SGD averages parameters on its schedule; the adaptive variant
+    chooses its k from ``step(loss=...)`` and the learning rate of ``optimizer``."""
 
-    _lb_local_sgd: LocalSGD | AdaptiveLocalSGD
+    kind = StageKind.LOCAL_SGD
 
-    def step(self, closure: Any = None, *, loss: Any = None) -> Any:
-        result = super().step(closure)  # type: ignore[misc]
-        sgd = self._lb_local_sgd
+    def __init__(self, sgd: LocalSGD | AdaptiveLocalSGD, optimizer: torch.optim.Optimizer) -> None:
+        self.sgd, self.optimizer = sgd, optimizer
+
+    def step(self, rest: StepRest, closure: Any = None, **kwargs: Any) -> Any:
+        loss = kwargs.pop("loss", None)
+        result = rest(closure, **kwargs)
+        sgd = self.sgd
         if isinstance(sgd, AdaptiveLocalSGD):
             if loss is None:
                 raise ValueError(
                     "adaptive_localsgd chooses k from the loss: call optimizer.step(loss=loss)"
                 )
-            sgd.step(loss, lr=self.param_groups[0]["lr"])  # type: ignore[attr-defined]
+            sgd.step(loss, lr=self.optimizer.param_groups[0]["lr"])
         else:
             sgd.step()
         return result
 
 
-def attach_local_sgd(
-    optimizer: torch.optim.Optimizer, sgd: LocalSGD | AdaptiveLocalSGD
-) -> torch.optim.Optimizer:
-    """Make ``optimizer.step()`` also run local SGD's parameter averaging (in place)."""
-    return extend(optimizer, _LocalSGDStep, "LocalSGD", _lb_local_sgd=sgd)
+class LossScaling(Stage):
+    """Skip the step when the reduced gradients overflowed (on every rank); adapt the scale."""
 
+    kind = StageKind.LOSS_SCALING
 
-class _AmpStep:
-    """Mixin: skip the step when the reduced gradients overflowed; adapt the loss scale."""
+    def __init__(self, model: DistributedModel) -> None:
+        self.model = model  # its reducer is read at each step: a rebuild replaces it
 
-    _lb_model: DistributedModel
-
-    def step(self, closure: Any = None, **kwargs: Any) -> Any:
-        model = self._lb_model
+    def step(self, rest: StepRest, closure: Any = None, **kwargs: Any) -> Any:
+        model = self.model
         finite = model.reducer.last_finite
-        result = super().step(closure, **kwargs) if finite else None  # type: ignore[misc]
+        result = rest(closure, **kwargs) if finite else None
         assert model.amp is not None and model.amp.scaler is not None
         model.amp.scaler.update(finite)
         return result
 
 
-def attach_loss_scaling(
-    optimizer: torch.optim.Optimizer, model: DistributedModel
-) -> torch.optim.Optimizer:
-    """Make ``optimizer.step()`` skip overflowed steps on every rank (in place)."""
-    return extend(optimizer, _AmpStep, "Amp", _lb_model=model)
+class DGCMomentum(Stage):
+    """Once DGC sends sparse it applies the momentum, so the optimizer's is off for the step."""
 
+    kind = StageKind.DGC_MOMENTUM
 
-class _DGCStep:
-    """Mixin: once DGC sends sparse, it applies the momentum, so SGD's is off for the step."""
+    def __init__(self, compressors: Sequence[Any], optimizer: torch.optim.Optimizer) -> None:
+        self.compressors = list(compressors)  # the DGC compressors' states (``sparse_active``)
+        self.optimizer = optimizer
 
-    _lb_dgc: Sequence[Any]  # the DGC compressors (``sparse_active``)
-
-    def step(self, closure: Any = None, **kwargs: Any) -> Any:
-        if not any(c.sparse_active for c in self._lb_dgc):
-            return super().step(closure, **kwargs)  # type: ignore[misc]
-        groups = self.param_groups  # type: ignore[attr-defined]
+    def step(self, rest: StepRest, closure: Any = None, **kwargs: Any) -> Any:
+        if not any(c.sparse_active for c in self.compressors):
+            return rest(closure, **kwargs)
+        groups = self.optimizer.param_groups
         saved = [g["momentum"] for g in groups]
         for g in groups:
             g["momentum"] = 0.0
         try:
-            return super().step(closure, **kwargs)  # type: ignore[misc]
+            return rest(closure, **kwargs)
         finally:
             for g, m in zip(groups, saved, strict=True):
                 g["momentum"] = m
@@ -116,6 +109,8 @@ class _DGCStep:
 
 def dgc_momentum(optimizer: torch.optim.Optimizer | None) -> float:
     """The momentum DGC takes over from ``optimizer``; raises if DGC cannot wrap it."""
+    if isinstance(optimizer, StagedOptimizer):
+        optimizer = optimizer.inner
     if not isinstance(optimizer, torch.optim.SGD):
         got = "no optimizer" if optimizer is None else type(optimizer).__name__
         raise ValueError(
@@ -129,10 +124,3 @@ def dgc_momentum(optimizer: torch.optim.Optimizer | None) -> float:
     if any(g["nesterov"] or g["dampening"] for g in groups):
         raise ValueError("dgc=True supports SGD momentum without nesterov and dampening=0")
     return momenta.pop()
-
-
-def attach_dgc(
-    optimizer: torch.optim.Optimizer, compressors: Sequence[Any]
-) -> torch.optim.Optimizer:
-    """Make ``optimizer.step()`` skip its own momentum while DGC is sparse (in place)."""
-    return extend(optimizer, _DGCStep, "DGC", _lb_dgc=list(compressors))

@@ -35,8 +35,9 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     Collective (every rank, in the same order), after ``lb.shutdown``/``lb.init`` formed the
     new world: the same collectives as ``lb.distribute`` (a rank joining late runs that), so
     rank 0's parameters are broadcast (``State.sync`` then installs the committed state).
-    Parameters, optimizer wrappers and the module are kept; the old reducer's gradient hooks
-    are removed; timeline and stall inspector are attached anew.
+    Parameters, the optimizer's stages and the module are kept; the old reducer's gradient
+    hooks are removed; timeline and stall inspector are attached anew (``optimizer``, the one
+    ``lb.distribute`` returned, records its steps into the new timeline).
     """
     check_rebuildable(model)
     strategy = model.strategy
@@ -55,4 +56,4 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     model.micro_step = 0
     from longboat.trace import attach  # timeline and stall inspector for the new world
 
-    attach(model, None, strategy)
+    attach(model, optimizer, strategy)  # the optimizer's timeline stage records anew

@@ -4,8 +4,8 @@
 from the user's one, carrying its learning rate and momentum (LARS, from ``torch.optim.SGD``)
 or betas and epsilon (LAMB, from ``torch.optim.Adam``/``AdamW``), param group by param group.
 
-``extend`` puts a mixin in front of an optimizer's class, in place (`longboat.optim.extend`):
-gradient merge, AMP, DGC, local SGD, the timeline and ``hvd.DistributedOptimizer`` use it.
+``StagedOptimizer`` (`longboat.optim.staged`) is what ``lb.distribute`` returns: the user's
+optimizer (or LARS/LAMB) with the step stages the strategy asks for, in `StageKind` order.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from longboat.optim.extend import extend
 from longboat.optim.lamb import LAMB
 from longboat.optim.lars import LARS
+from longboat.optim.staged import Stage, StagedOptimizer, StageKind
 
-__all__ = ["LAMB", "LARS", "extend", "wrap_optimizer"]
+__all__ = ["LAMB", "LARS", "Stage", "StageKind", "StagedOptimizer", "wrap_optimizer"]
 
 _CONFIG_KEYS = {
     "lars": ("lars_coeff", "lars_weight_decay", "epsilon", "exclude_from_weight_decay"),

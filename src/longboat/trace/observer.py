@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_leaves
 
 from longboat.cluster import on_shutdown
-from longboat.optim.extend import extend
+from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest
 from longboat.strategy.selection import comm_num
 from longboat.trace.recorder import Recorder, comm_lane
 from longboat.trace.stall import StallWatch
@@ -197,19 +197,24 @@ def _future_of(handle: Any) -> torch.futures.Future | None:
         return None
 
 
-class _ObservedStep:
-    """Mixin: ``optimizer.step`` recorded on the optimizer lane."""
+class RecordStep(Stage):
+    """The optimizer stage that records the whole step on the optimizer lane."""
 
-    _lb_observer: Observer
+    kind = StageKind.TIMELINE
 
-    def step(self, *args: Any, **kwargs: Any) -> Any:
-        with self._lb_observer.optimizer_step():
-            return super().step(*args, **kwargs)  # type: ignore[misc]
+    def __init__(self, observer: Observer) -> None:
+        self.observer = observer
+
+    def step(self, rest: StepRest, closure: Any = None, **kwargs: Any) -> Any:
+        with self.observer.optimizer_step():
+            return rest(closure, **kwargs)
 
 
 def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -> Any:
     """Install an observer on ``model`` (a DistributedModel) as ``strategy`` asks; returns the
-    optimizer (its class extended to record steps when the timeline is on).
+    optimizer. When the timeline is on, a `StagedOptimizer` (what ``lb.distribute`` returns)
+    gets a `RecordStep` stage, replacing one an earlier attach gave it (a rebuild); any other
+    optimizer is returned as it is.
 
     The observer is closed (stall thread stopped, timeline finished) at the next
     ``lb.shutdown``, before the process group goes, or else at exit.
@@ -244,8 +249,8 @@ def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -
     on_shutdown(observer.close)
     # run at exit, also in multiprocessing children (which skip atexit handlers)
     multiprocessing.util.Finalize(observer, observer.close, exitpriority=20)
-    if recorder is not None and optimizer is not None:
-        optimizer = extend(optimizer, _ObservedStep, "Traced", _lb_observer=observer)
+    if recorder is not None and isinstance(optimizer, StagedOptimizer):
+        optimizer.set_stage(RecordStep(observer))
     return optimizer
 
 
