@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest
+
 if TYPE_CHECKING:
     from longboat.ps.engine import PSEngine
 
@@ -30,26 +32,28 @@ class PSModel(nn.Module):
         return output
 
 
-class PSOptimizer:
-    """The optimizer as the trainer uses it: ``step()`` runs the parameter-server step."""
+class EngineStep(Stage):
+    """The parameter-server step in place of the inner's: the engine pushes gradients, steps
+    the inner optimizer itself where its mode says (or leaves it to the servers) and pulls."""
 
-    def __init__(self, engine: PSEngine, inner: torch.optim.Optimizer) -> None:
-        self.engine, self.inner = engine, inner
+    kind = StageKind.PARAMETER_SERVER
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.inner.param_groups
+    def __init__(self, engine: PSEngine) -> None:
+        self.engine = engine
 
-    def step(self, closure: Any = None) -> None:
+    def step(self, rest: StepRest, closure: Any = None, **kwargs: Any) -> None:
         if closure is not None:
             raise ValueError("the parameter-server optimizer takes no closure")
+        if kwargs:
+            raise TypeError(f"the parameter-server optimizer takes no {sorted(kwargs)}")
         self.engine.step()
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
+class PSOptimizer(StagedOptimizer):
+    """The optimizer as the trainer uses it: ``inner`` with the `EngineStep` stage, so
+    ``step()`` runs the parameter-server step; ``zero_grad``, ``param_groups`` and
+    ``state_dict`` are the inner's."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state)
+    def __init__(self, engine: PSEngine, inner: torch.optim.Optimizer) -> None:
+        super().__init__(inner, [EngineStep(engine)])
+        self.engine = engine
