@@ -222,82 +222,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
-    """Validate the parsed options; every error names the option and the fix."""
-    devices = [d.strip() for d in a.devices.split(",") if d.strip()] if a.devices else []
-    if a.nproc_per_node is not None and devices and a.nproc_per_node != len(devices):
-        raise LaunchOptionError(
-            f"--nproc-per-node {a.nproc_per_node} disagrees with --gpus {a.devices} "
-            f"({len(devices)} devices); give one of them"
-        )
-    if a.nproc_per_node is not None and a.nproc_per_node < 1:
-        raise LaunchOptionError(
-            f"--nproc-per-node must be >= 1, got {a.nproc_per_node}; give the number of ranks "
-            "to start on this node, or leave it out for one per --gpus device (else 1)"
-        )
-    _check_devices(devices, a.devices)
-    nproc = a.nproc_per_node or len(devices) or 1
-    if a.num_proc is not None or a.hosts is not None:
-        nproc, host_ips = _horovodrun_hosts(a.num_proc, a.hosts, a.nproc_per_node)
-        if host_ips and a.ips:
-            raise LaunchOptionError("give the hosts once: -H or --ips, not both")
-        a.ips = a.ips or ",".join(host_ips) or None
-    if nproc < 1:
-        raise LaunchOptionError(f"--nproc-per-node must be >= 1, got {nproc}")
+    """Validate the parsed options; every error names the option and the fix. The option
+    groups are checked in a fixed order (the first error found is the one reported)."""
+    devices = _devices(a)
+    nproc = _ranks_per_node(a, devices)
     listed = _endpoint_lists(a)
-    ips = [h.strip() for h in a.ips.split(",") if h.strip()] if a.ips else []
-    min_nodes, nnodes = a.nnodes if a.nnodes else (None, max(1, len(ips)))
-    if min_nodes is not None:
-        _check_elastic(a, min_nodes, nnodes)
-    if ips and len(ips) != nnodes:
-        raise LaunchOptionError(f"--ips lists {len(ips)} nodes but --nnodes is {nnodes}")
+    ips, min_nodes, nnodes = _node_count(a)
     node_rank = a.node_rank if a.node_rank is not None else _node_rank_from_ips(ips)
-    if a.failure_timeout is not None and not a.failure_timeout > 0:
-        raise LaunchOptionError(
-            f"--failure-timeout must be a positive number of seconds, got {a.failure_timeout}"
-        )
-    if not 0 <= node_rank < nnodes:
-        raise LaunchOptionError(
-            f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})"
-        )
-    if a.standalone and (nnodes > 1 or a.master or a.master_addr or a.master_port):
-        raise LaunchOptionError(
-            "--standalone runs one node on 127.0.0.1 and a free port; drop --standalone, or "
-            "drop --nnodes/--ips/--master/--master-addr/--master-port"
-        )
-    host, port = _endpoint(a, ips)
-    if nnodes > 1 and host is None:
-        raise LaunchOptionError(
-            f"--nnodes {nnodes} needs the rendezvous endpoint on node 0: --master HOST:PORT "
-            "(or --master-addr and --master-port, or --ips h0,h1,... with --master :PORT)"
-        )
-    if nnodes > 1 and port is None:
-        raise LaunchOptionError("multi-node launch needs an explicit port: --master HOST:PORT")
-    fixed_ports: list[int] = []
-    if listed is not None:  # this node's entries of the lists
-        mine = ips[node_rank] if ips else "127.0.0.1"
-        a.servers, a.workers = listed.count(mine)
-        fixed_ports = listed.ports(mine)
-    _check_ps_roles(a.servers, a.workers, nnodes)
-    if a.max_restarts < 0:
-        raise LaunchOptionError(f"--max-restarts must be >= 0, got {a.max_restarts}")
-    _check_log_dir(a.log_dir)
-    config = os.path.abspath(a.config) if a.config else None
-    if config:
-        _check_config_file(config, a.config)
-    _check_environment(replaced_by_options=_replaced(a))
-    _check_strategy(config, ps=bool(a.servers))
-    if not a.module and not os.path.isfile(a.target):
-        raise LaunchOptionError(f"{a.target}: no such script (use -m to run a module)")
+    _check_failure_timeout(a.failure_timeout)
+    _check_node_rank(node_rank, nnodes)
+    host, port = _rendezvous(a, ips, nnodes)
+    fixed_ports = _ps_roles(a, listed, ips, node_rank, nnodes)
+    config = _run_options(a)
+    _check_target(a.target, a.module)
     if not (devices or a.servers or a.workers):  # --gpus lists its devices (checked above)
-        problem = gpu_layout_problem(nproc)
-        if problem:
-            raise LaunchOptionError(problem)
-    args = list(a.target_args)
-    if args[:1] == ["--"]:
-        args = args[1:]
+        _check_gpu_layout(nproc)
     return LaunchSpec(
         target=a.target,
-        target_args=args,
+        target_args=_target_args(a.target_args),
         module=a.module,
         nproc_per_node=nproc,
         devices=devices,
@@ -317,6 +259,136 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
         ports=fixed_ports,
         timeout=a.timeout,
     )
+
+
+def _devices(a: argparse.Namespace) -> list[str]:
+    """``--gpus``: the devices listed (checked against this machine and --nproc-per-node)."""
+    devices = [d.strip() for d in a.devices.split(",") if d.strip()] if a.devices else []
+    if a.nproc_per_node is not None and devices and a.nproc_per_node != len(devices):
+        raise LaunchOptionError(
+            f"--nproc-per-node {a.nproc_per_node} disagrees with --gpus {a.devices} "
+            f"({len(devices)} devices); give one of them"
+        )
+    if a.nproc_per_node is not None and a.nproc_per_node < 1:
+        raise LaunchOptionError(
+            f"--nproc-per-node must be >= 1, got {a.nproc_per_node}; give the number of ranks "
+            "to start on this node, or leave it out for one per --gpus device (else 1)"
+        )
+    _check_devices(devices, a.devices)
+    return devices
+
+
+def _ranks_per_node(a: argparse.Namespace, devices: list[str]) -> int:
+    """Ranks on this node: --nproc-per-node, one per --gpus device, or horovodrun's -np/-H
+    (whose hosts become ``a.ips``)."""
+    nproc = a.nproc_per_node or len(devices) or 1
+    if a.num_proc is not None or a.hosts is not None:
+        nproc, host_ips = _horovodrun_hosts(a.num_proc, a.hosts, a.nproc_per_node)
+        if host_ips and a.ips:
+            raise LaunchOptionError("give the hosts once: -H or --ips, not both")
+        a.ips = a.ips or ",".join(host_ips) or None
+    if nproc < 1:
+        raise LaunchOptionError(f"--nproc-per-node must be >= 1, got {nproc}")
+    return nproc
+
+
+def _node_count(a: argparse.Namespace) -> tuple[list[str], int | None, int]:
+    """``--ips`` and ``--nnodes``: the node addresses, the elastic minimum (None: a fixed
+    job) and the (most) nodes."""
+    ips = [h.strip() for h in a.ips.split(",") if h.strip()] if a.ips else []
+    min_nodes, nnodes = a.nnodes if a.nnodes else (None, max(1, len(ips)))
+    if min_nodes is not None:
+        _check_elastic(a, min_nodes, nnodes)
+    if ips and len(ips) != nnodes:
+        raise LaunchOptionError(f"--ips lists {len(ips)} nodes but --nnodes is {nnodes}")
+    return ips, min_nodes, nnodes
+
+
+def _check_failure_timeout(seconds: float | None) -> None:
+    if seconds is not None and not seconds > 0:
+        raise LaunchOptionError(
+            f"--failure-timeout must be a positive number of seconds, got {seconds}"
+        )
+
+
+def _check_node_rank(node_rank: int, nnodes: int) -> None:
+    if not 0 <= node_rank < nnodes:
+        raise LaunchOptionError(
+            f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})"
+        )
+
+
+def _rendezvous(
+    a: argparse.Namespace, ips: list[str], nnodes: int
+) -> tuple[str | None, int | None]:
+    """The rendezvous host and port (``_endpoint``); several nodes need both, and
+    ``--standalone`` only one node."""
+    if a.standalone and (nnodes > 1 or a.master or a.master_addr or a.master_port):
+        raise LaunchOptionError(
+            "--standalone runs one node on 127.0.0.1 and a free port; drop --standalone, or "
+            "drop --nnodes/--ips/--master/--master-addr/--master-port"
+        )
+    host, port = _endpoint(a, ips)
+    if nnodes > 1 and host is None:
+        raise LaunchOptionError(
+            f"--nnodes {nnodes} needs the rendezvous endpoint on node 0: --master HOST:PORT "
+            "(or --master-addr and --master-port, or --ips h0,h1,... with --master :PORT)"
+        )
+    if nnodes > 1 and port is None:
+        raise LaunchOptionError("multi-node launch needs an explicit port: --master HOST:PORT")
+    return host, port
+
+
+def _ps_roles(
+    a: argparse.Namespace,
+    listed: NodeRoles | None,
+    ips: list[str],
+    node_rank: int,
+    nnodes: int,
+) -> list[int]:
+    """This node's parameter-server roles: with ip:port lists, its entries become
+    ``a.servers``/``a.workers`` and their ports are returned ([] for counts)."""
+    fixed_ports: list[int] = []
+    if listed is not None:  # this node's entries of the lists
+        mine = ips[node_rank] if ips else "127.0.0.1"
+        a.servers, a.workers = listed.count(mine)
+        fixed_ports = listed.ports(mine)
+    _check_ps_roles(a.servers, a.workers, nnodes)
+    return fixed_ports
+
+
+def _run_options(a: argparse.Namespace) -> str | None:
+    """``--max-restarts``, ``--log-dir``, ``--config`` (its absolute path, returned), the
+    ``LONGBOAT_*`` environment and the Strategy the ranks will use."""
+    if a.max_restarts < 0:
+        raise LaunchOptionError(f"--max-restarts must be >= 0, got {a.max_restarts}")
+    _check_log_dir(a.log_dir)
+    config = os.path.abspath(a.config) if a.config else None
+    if config:
+        _check_config_file(config, a.config)
+    _check_environment(replaced_by_options=_replaced(a))
+    _check_strategy(config, ps=bool(a.servers))
+    return config
+
+
+def _check_target(target: str, module: bool) -> None:
+    if not module and not os.path.isfile(target):
+        raise LaunchOptionError(f"{target}: no such script (use -m to run a module)")
+
+
+def _check_gpu_layout(nproc: int) -> None:
+    """``nproc`` ranks without --gpus: refused where this machine's GPUs do not fit them."""
+    problem = gpu_layout_problem(nproc)
+    if problem:
+        raise LaunchOptionError(problem)
+
+
+def _target_args(args: list[str]) -> list[str]:
+    """The script's arguments, without a leading ``--``."""
+    args = list(args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    return args
 
 
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -390,16 +462,7 @@ def _horovodrun_hosts(
 ) -> tuple[int, list[str]]:
     """horovodrun's ``-np N -H h1:s1,h2:s2``: ranks per node, and the node list when the
     hosts are not just this machine. Every host runs the same number of ranks."""
-    slots: list[tuple[str, int]] = []
-    for item in (hosts or "").split(","):
-        host, _, count = item.strip().partition(":")
-        if not host:
-            continue
-        if count and not count.isdigit():
-            raise LaunchOptionError(f"-H {hosts!r}: expected host:slots, e.g. localhost:2")
-        slots.append((host, int(count or 1)))
-    if hosts is not None and not slots:
-        raise LaunchOptionError(f"-H {hosts!r}: expected host:slots, e.g. localhost:2")
+    slots = _host_slots(hosts)
     total = sum(n for _, n in slots) if slots else num_proc or 1
     np_ = total if num_proc is None else num_proc
     if np_ < 1 or np_ > total:
@@ -410,13 +473,33 @@ def _horovodrun_hosts(
         )
     if len(slots) <= 1 or all(h in _LOCAL_HOSTS for h, _ in slots):
         return np_, []
+    return _equal_slots(np_, total, slots, hosts), [h for h, _ in slots]
+
+
+def _host_slots(hosts: str | None) -> list[tuple[str, int]]:
+    """``-H h1:s1,h2:s2`` as (host, slots) pairs (a host without slots has 1)."""
+    slots: list[tuple[str, int]] = []
+    for item in (hosts or "").split(","):
+        host, _, count = item.strip().partition(":")
+        if not host:
+            continue
+        if count and not count.isdigit():
+            raise LaunchOptionError(f"-H {hosts!r}: expected host:slots, e.g. localhost:2")
+        slots.append((host, int(count or 1)))
+    if hosts is not None and not slots:
+        raise LaunchOptionError(f"-H {hosts!r}: expected host:slots, e.g. localhost:2")
+    return slots
+
+
+def _equal_slots(np_: int, total: int, slots: list[tuple[str, int]], hosts: str | None) -> int:
+    """The ranks of each of several hosts: they must all have the same slots, all used."""
     counts = {n for _, n in slots}
     if len(counts) > 1 or np_ != total:
         raise LaunchOptionError(
             f"-np {np_} -H {hosts}: longboat runs the same number of ranks on every host; use "
             "equal slots and -np equal to their sum"
         )
-    return counts.pop(), [h for h, _ in slots]
+    return counts.pop()
 
 
 def _node_rank_from_ips(ips: list[str]) -> int:
