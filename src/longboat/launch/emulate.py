@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 from rich.console import Console
@@ -804,14 +805,16 @@ def _signals_ignored() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _handlers(handler: signal.Handlers | object) -> Iterator[None]:
+def _handlers(
+    handler: Callable[[int, FrameType | None], Any] | int | signal.Handlers,
+) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     signums = [getattr(signal, n) for n in _SIGNALS if hasattr(signal, n)]
     saved = {s: signal.getsignal(s) for s in signums}
     for s in signums:
-        signal.signal(s, handler)  # type: ignore[arg-type]
+        signal.signal(s, handler)
     try:
         yield
     finally:
