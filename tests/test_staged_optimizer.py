@@ -20,6 +20,8 @@ from longboat.collective.model import DistributedModel
 from longboat.collective.optimizer import MergeGate
 from longboat.optim import Stage, StagedOptimizer, StageKind
 from longboat.optim.staged import StepRest, ZeroGradRest
+from longboat.trace import current_observer
+from longboat.trace.observer import RecordStep
 
 
 class Recording(Stage):
@@ -269,3 +271,15 @@ def test_lb_distribute_returns_the_wrapper_and_refuses_it_back(single) -> None:
         for target in (model, _model()):
             with pytest.raises(ValueError, match="already passed to lb.distribute"):
                 lb.distribute(target, again, lb.Strategy())
+
+
+def test_attach_gives_the_timeline_stage_and_attaching_again_replaces_it(single, tmp_path) -> None:
+    strategy = lb.Strategy(timeline=str(tmp_path / "trace.json"))
+    model = _model()
+    wrapped, opt = lb.distribute(model, _sgd(model), strategy)
+    first = opt.stage(StageKind.TIMELINE)
+    assert isinstance(first, RecordStep) and first.observer is current_observer()
+    lb.trace.attach(wrapped, opt, strategy)  # as an elastic rebuild does for the new world
+    second = opt.stage(StageKind.TIMELINE)
+    assert isinstance(second, RecordStep) and second is not first
+    assert second.observer is current_observer() and opt.stages == (second,)
