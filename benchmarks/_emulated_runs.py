@@ -38,7 +38,6 @@ def worker(out: str, model: str, fields_json: str) -> None:
     import torch
 
     import longboat as lb
-    from longboat.strategy.selection import comm_num, fuse_grad_size_mb, selected_algorithm
     from longboat.tools.bench.train import MODELS, Config, System, _batches, _round
 
     lb.init()
@@ -59,7 +58,7 @@ def worker(out: str, model: str, fields_json: str) -> None:
             "rounds": rounds,
             "median": statistics.median(rounds),
             "settings": settings_text(
-                selected_algorithm(strategy), fuse_grad_size_mb(strategy), comm_num(strategy)
+                net.plan.comm.algorithm, net.plan.comm.bucket_mb, net.plan.comm.communicators
             ),
         }
         Path(out).write_text(json.dumps(result))
@@ -139,11 +138,11 @@ def job_cluster(job: Job, calibrated: dict[str, Any]) -> Any:
 
 def predicted_settings(job: Job, calibrated: dict[str, Any]) -> str:
     """The allreduce settings `longboat.sim` predicts the job with (as `worker` reports them)."""
-    from longboat.sim.predict import comm_settings
+    from longboat.sim.predict import collective_plan
     from longboat.strategy import Strategy
 
-    s = comm_settings(Strategy(**job.strategy), job_cluster(job, calibrated))
-    return settings_text(s.algorithm, s.cap_mb, s.comms)
+    s = collective_plan(Strategy(**job.strategy), job_cluster(job, calibrated)).comm
+    return settings_text(s.algorithm, s.bucket_mb, s.communicators)
 
 
 def predict(job: Job, profile: Any, calibrated: dict[str, Any]) -> Any:

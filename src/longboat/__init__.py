@@ -18,7 +18,7 @@ _EXPORTS: dict[str, str] = {
     "Strategy": "longboat.strategy",
     "DistributedStrategy": "longboat.strategy",
     "StrategyError": "longboat.strategy",
-    "init": "longboat.cluster",
+    "init": "longboat.session",
     "is_initialized": "longboat.cluster",
     "cluster_info": "longboat.cluster:cluster",
     "topology": "longboat.cluster",

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from longboat.optim.extend import is_extended
+from longboat.optim.staged import is_distributed
 
 
 class ForeignParameterError(ValueError):
@@ -30,7 +30,7 @@ def check_optimizer_owns_model_params(
     ]
     if not foreign:
         return
-    if is_extended(optimizer):
+    if is_distributed(optimizer):
         raise ForeignParameterError(
             f"this {type(optimizer).__name__} was already passed to lb.distribute with another "
             "model; build a new optimizer from this model's parameters"

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from longboat.cluster.topology import comm_defaults
-from longboat.collective.autotune import Candidate, candidates, untunable
+from longboat.collective.autotune import candidates, untunable
+from longboat.collective.plan import CommPlan, Placement, resolve, resolve_comm
 from longboat.strategy import Strategy
 from tests._dist import run_ranks
 from tests.collective._workloads import (
@@ -27,23 +27,24 @@ from tests.collective._workloads import (
 ONE_NODE = ["native", "shm"]
 
 
-def _key(c: Candidate) -> tuple[str, float, int]:
-    return (c.algorithm, c.fuse_grad_size_in_MB, c.nccl_comm_num)
+ONE = Placement.of((0, 0), "gloo")  # 2 Gloo ranks on one node
+
+
+def _key(c: CommPlan) -> tuple[str, float, int]:
+    return (c.algorithm, c.bucket_mb, c.communicators)
+
+
+def _candidates(
+    strategy: Strategy, algorithms: list[str], placement: Placement = ONE
+) -> list[CommPlan]:
+    return candidates(resolve_comm(strategy, placement), algorithms)
 
 
 # ---- the candidate set ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def one_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The topology defaults of 2 Gloo ranks on one node, without a cluster."""
-    from longboat.strategy import selection
-
-    monkeypatch.setattr(selection, "topology_defaults", lambda: comm_defaults((0, 0), "gloo"))
-
-
-def test_candidates_defaults_first_then_the_grid(one_node: None) -> None:
-    found = candidates(Strategy(env={}, auto=True), ONE_NODE)
+def test_candidates_defaults_first_then_the_grid() -> None:
+    found = _candidates(Strategy(env={}, auto=True), ONE_NODE)
     assert _key(found[0]) == ("shm", 32.0, 1)  # the topology default, resolved
     assert {_key(c) for c in found} == {
         (a, f, n) for a in ONE_NODE for f in (32.0, 8.0, 2.0) for n in (1, 2)
@@ -51,48 +52,40 @@ def test_candidates_defaults_first_then_the_grid(one_node: None) -> None:
     assert len(found) == 12
 
 
-def test_topology_defaults_are_tuned_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from longboat.strategy import selection
-
-    monkeypatch.setattr(
-        selection, "topology_defaults", lambda: comm_defaults((0, 1), "gloo")
-    )  # two nodes of one rank: native, small buckets on two communicators
-    found = candidates(Strategy(env={}, auto=True), ["native"])
+def test_topology_defaults_are_tuned_unless_set() -> None:
+    two = Placement.of((0, 1), "gloo")  # two nodes of one rank: native, 2 MB x 2
+    found = _candidates(Strategy(env={}, auto=True), ["native"], two)
     assert _key(found[0]) == ("native", 2.0, 2)
     assert {_key(c) for c in found} == {("native", f, n) for f in (2.0, 8.0) for n in (1, 2)}
     s = Strategy(env={}, auto=True, fuse_grad_size_in_MB=32, nccl_comm_num=1)
-    assert [_key(c) for c in candidates(s, ["native"])] == [("native", 32.0, 1)]
+    assert [_key(c) for c in _candidates(s, ["native"], two)] == [("native", 32.0, 1)]
 
 
-def test_user_set_fields_stay_fixed(one_node: None) -> None:
+def test_user_set_fields_stay_fixed() -> None:
     s = Strategy(env={}, auto=True, nccl_comm_num=3, fuse_grad_size_in_MB=16)
-    found = candidates(s, ONE_NODE)
+    found = _candidates(s, ONE_NODE)
     assert [_key(c) for c in found] == [("shm", 16.0, 3), ("native", 16.0, 3)]
     s = Strategy(env={}, auto=True, allreduce_algorithm="ring")
-    assert {c.algorithm for c in candidates(s, ONE_NODE)} == {"ring"}
+    assert {c.algorithm for c in _candidates(s, ONE_NODE)} == {"ring"}
     s = Strategy(env={}, auto=True, use_hierarchical_allreduce=True)
-    assert {c.algorithm for c in candidates(s, ["native", "hierarchical"])} == {"hierarchical"}
+    assert {c.algorithm for c in _candidates(s, ["native", "hierarchical"])} == {"hierarchical"}
     # set to its default value explicitly still counts as the user's choice
     s = Strategy(env={}, auto=True, nccl_comm_num=1)
-    assert {c.nccl_comm_num for c in candidates(s, ONE_NODE)} == {1}
+    assert {c.communicators for c in _candidates(s, ONE_NODE)} == {1}
     # an environment override is the user's too
     s = Strategy(env={"LONGBOAT_FUSE_GRAD_SIZE_IN_MB": "4"}, auto=True)
-    assert {c.fuse_grad_size_in_MB for c in candidates(s, ONE_NODE)} == {4.0}
+    assert {c.bucket_mb for c in _candidates(s, ONE_NODE)} == {4.0}
     # no fusion: the fusion size means nothing, so it is not tried
     s = Strategy(env={}, auto=True, fuse_all_reduce_ops=False)
-    assert {c.fuse_grad_size_in_MB for c in candidates(s, ONE_NODE)} == {32.0}
+    assert {c.bucket_mb for c in _candidates(s, ONE_NODE)} == {32.0}
 
 
-def test_candidate_apply_changes_only_the_tuned_fields() -> None:
-    s = Strategy(env={}, auto=True, find_unused_parameters=True)
-    changed = Candidate("shm", 2.0, 2).apply(s)
-    assert (changed.allreduce_algorithm, changed.fuse_grad_size_in_MB, changed.nccl_comm_num) == (
-        "shm",
-        2.0,
-        2,
-    )
-    assert changed.find_unused_parameters is True
-    assert (s.allreduce_algorithm, s.fuse_grad_size_in_MB, s.nccl_comm_num) == ("topology", 32, 1)
+def test_candidate_changes_only_the_tuned_settings() -> None:
+    plan = resolve(Strategy(env={}, auto=True, find_unused_parameters=True), ONE)
+    changed = plan.comm.with_settings("native", 2.0, 2)
+    assert _key(changed) == ("native", 2.0, 2) and changed.reason == "tried by auto"
+    assert changed.serial == plan.comm.serial and changed.fuse == plan.comm.fuse
+    assert _key(plan.comm) == ("shm", 32.0, 1)  # the plan itself is frozen
 
 
 @pytest.mark.parametrize(
@@ -107,7 +100,7 @@ def test_candidate_apply_changes_only_the_tuned_fields() -> None:
     ],
 )
 def test_untunable(fields: dict[str, Any], world: int, reason: str | None) -> None:
-    found = untunable(Strategy(env={}, auto=True, **fields), world)
+    found = untunable(resolve(Strategy(env={}, auto=True, **fields), ONE), world)
     assert found is None if reason is None else reason in found
 
 
@@ -150,8 +143,8 @@ def _train_auto(rank: int, world: int, cfg: Config, slow: bool) -> dict[str, Any
     assert tuner.done
     return {
         "params": params_of(model),
-        "choice": [tuner.choice.algorithm, tuner.choice.fuse_grad_size_in_MB],
-        "comms": tuner.choice.nccl_comm_num,
+        "choice": [tuner.choice.algorithm, tuner.choice.bucket_mb],
+        "comms": tuner.choice.communicators,
         "medians": tuner.medians,
         "installed": installed,
         "bytes": dmodel.bytes_sent(),

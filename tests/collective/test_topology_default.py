@@ -13,7 +13,8 @@ import torch
 from torch.nn import functional as F
 
 from longboat.cluster.topology import comm_defaults
-from longboat.strategy import Strategy, selection
+from longboat.collective.plan import Placement, resolve, resolve_comm
+from longboat.strategy import Strategy
 from tests._dist import join_as_emulated_nodes, run_ranks
 from tests.collective._workloads import (
     STEPS,
@@ -55,27 +56,39 @@ def test_rule(
     assert found.describe().startswith(f"{expected[0]} (")
 
 
-def test_resolution_keeps_the_users_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    # no cluster: nothing to resolve against
-    assert selection.selected_algorithm(Strategy(env={})) == "topology"
-    assert selection.comm_num(Strategy(env={})) == 1
-    monkeypatch.setattr(selection, "topology_defaults", lambda: comm_defaults((0, 1), "gloo"))
-    default = Strategy(env={})
-    assert selection.selected_algorithm(default) == "native"
-    assert (selection.fuse_grad_size_mb(default), selection.comm_num(default)) == (2.0, 2)
-    assert selection.describe_algorithm(default) == "native (one rank per node)"
+def test_resolution_keeps_the_users_settings() -> None:
+    two_nodes = Placement.of((0, 1), "gloo")
+    default = resolve_comm(Strategy(env={}), two_nodes)
+    assert (default.algorithm, default.bucket_mb, default.communicators) == ("native", 2.0, 2)
+    assert default.describe() == "native (one rank per node)"
+    assert default.tunable == {"algorithm", "bucket_mb", "communicators"}
     explicit = Strategy(env={}, allreduce_algorithm="ring", fuse_grad_size_in_MB=32.0)
-    assert selection.selected_algorithm(explicit) == "ring"
-    assert selection.describe_algorithm(explicit) == "ring (set by the strategy)"
-    assert (selection.fuse_grad_size_mb(explicit), selection.comm_num(explicit)) == (32.0, 2)
+    chosen = resolve_comm(explicit, two_nodes)
+    assert chosen.describe() == "ring (set by the strategy)"
+    assert (chosen.bucket_mb, chosen.communicators) == (32.0, 2)
+    assert chosen.tunable == {"communicators"}
     env = Strategy(env={"LONGBOAT_NCCL_COMM_NUM": "1"})
-    assert selection.comm_num(env) == 1
+    assert resolve_comm(env, two_nodes).communicators == 1
+    one_node = resolve_comm(Strategy(env={}), Placement.of((0, 0), "gloo"))
+    assert (one_node.algorithm, one_node.bucket_mb, one_node.communicators) == ("shm", 32.0, 1)
+
+
+def test_plan_carries_every_setting_typed() -> None:
+    s = Strategy(env={}, fp16_allreduce=True, find_unused_parameters=True, auto=True)
+    s.gradient_merge = True
+    s.gradient_merge_configs = {"k_steps": 4, "avg": False}
+    plan = resolve(s, Placement.of((0, 0), "gloo"))
+    assert plan.compression.name == "fp16" and plan.label == "shm+fp16"
+    assert (plan.k_steps, plan.merge.avg) == (4, False)
+    assert plan.find_unused_parameters and plan.auto and plan.local_sgd is None
+    with pytest.raises(AttributeError):
+        plan.auto = False  # frozen
 
 
 def test_hierarchical_switch_accepts_the_default() -> None:
     s = Strategy(env={}, use_hierarchical_allreduce=True)
     s.check()
-    assert selection.selected_algorithm(s) == "hierarchical"
+    assert resolve_comm(s, Placement.of((0, 0), "gloo")).algorithm == "hierarchical"
     with pytest.raises(ValueError, match="use_hierarchical_allreduce"):
         Strategy(env={}, use_hierarchical_allreduce=True, allreduce_algorithm="shm").check()
 
@@ -89,10 +102,11 @@ def _train_default(rank: int, world: int, ranks_per_node: int) -> dict[str, Any]
     """Emulate nodes of ``ranks_per_node`` consecutive ranks; train each config under
     ``lb.Strategy()``; the parameters and what the defaults resolved to."""
     import longboat as lb
-    from longboat import cluster
+    from longboat import cluster, session
 
     join_as_emulated_nodes(rank, ranks_per_node, world)
-    out: dict[str, Any] = {"line": cluster.cluster().describe()}
+    info, topo = cluster.cluster(), cluster.topology()
+    out: dict[str, Any] = {"line": info.describe() + session._allreduce_choice(info, topo, None)}
     for cfg in CONFIGS:
         model = build_model(cfg, seed=rank)  # distribute must broadcast rank 0's
         dmodel, dopt = lb.distribute(model, build_optimizer(cfg, model), lb.Strategy())
@@ -106,12 +120,8 @@ def _train_default(rank: int, world: int, ranks_per_node: int) -> dict[str, Any]
             dopt.step()
         out[cfg.name] = params_of(model)
         out["comms"] = len(dmodel.reducer._fns)
-    strategy = lb.Strategy()
-    out["chosen"] = [
-        selection.selected_algorithm(strategy),
-        selection.fuse_grad_size_mb(strategy),
-        selection.comm_num(strategy),
-    ]
+        chosen = dmodel.plan.comm
+        out["chosen"] = [chosen.algorithm, chosen.bucket_mb, chosen.communicators]
     return out
 
 

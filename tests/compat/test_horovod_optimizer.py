@@ -120,7 +120,8 @@ def _flush(rank: int, out: dict) -> None:
     """Reducer.flush() through the facade (synchronize() after 1 of 3 passes) and directly
     on a reducer from the public build_reducer."""
     import longboat.horovod.torch as hvd
-    from longboat.collective.engine import build_reducer
+    from longboat.collective.engine import build_reducer, live_placement
+    from longboat.collective.plan import resolve
     from longboat.strategy import Strategy
 
     x = torch.ones(2, 4) * (rank + 1)
@@ -136,7 +137,8 @@ def _flush(rank: int, out: dict) -> None:
     opt.zero_grad()
 
     model = _small()
-    reducer, _ = build_reducer(list(model.named_parameters()), Strategy(), None)
+    plan = resolve(Strategy(), live_placement())
+    reducer, _ = build_reducer(list(model.named_parameters()), plan, None)
     try:
         reducer.flush()
     except RuntimeError as e:

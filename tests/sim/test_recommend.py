@@ -10,7 +10,7 @@ import pytest
 
 from longboat.cluster.topology import comm_defaults
 from longboat.sim import cluster as cluster_mod
-from longboat.sim.predict import comm_settings, simulate
+from longboat.sim.predict import collective_plan, simulate
 from longboat.sim.recommend import candidates, recommend, to_yaml
 from longboat.strategy import Strategy
 from tests.sim.helpers import linear_profile
@@ -40,8 +40,8 @@ def test_default_strategy_is_predicted_as_the_topology_rule_resolves_it(
 ) -> None:
     node_of = [r // cluster.devices_per_node for r in range(cluster.world)]
     rule = comm_defaults(node_of, backend)
-    settings = comm_settings(Strategy(), cluster)
-    assert (settings.algorithm, settings.cap_mb, settings.comms) == (
+    settings = collective_plan(Strategy(), cluster).comm
+    assert (settings.algorithm, settings.bucket_mb, settings.communicators) == (
         rule.algorithm,
         rule.fuse_grad_size_in_MB,
         rule.nccl_comm_num,
@@ -68,12 +68,12 @@ def test_exact_candidates_leave_gradients_uncompressed() -> None:
 def test_recommendation_drops_what_the_default_already_runs() -> None:
     """Fields equal to the resolved default are dropped; the rest reproduce the prediction."""
     prof = linear_profile([2048] * 7, backward_s=0.05)
-    default = comm_settings(Strategy(), CPU)
+    default = collective_plan(Strategy(), CPU).comm
     for choice in recommend(prof, CPU, top=20, show=False):
         resolved = {
             "allreduce_algorithm": default.algorithm,
-            "fuse_grad_size_in_MB": default.cap_mb,
-            "nccl_comm_num": default.comms,
+            "fuse_grad_size_in_MB": default.bucket_mb,
+            "nccl_comm_num": default.communicators,
         }
         assert all(resolved.get(k) != v for k, v in choice.fields.items())
         assert simulate(prof, CPU, choice.strategy).step_s == choice.prediction.step_s

@@ -55,6 +55,7 @@ def test_stall_shutdown_ends_the_job_non_zero(tmp_path: Path) -> None:
     assert "stall_shutdown_seconds=4" in text
 
 
+@pytest.mark.slow  # slow tier: waits out a job timeout
 def test_hung_rank_ends_a_default_job_at_the_job_timeout(tmp_path: Path) -> None:
     """Default strategy, LONGBOAT_TIMEOUT=6: rank 1 sleeps 600 s before its backward. The
     gradient communicator carries the job's timeout (torch's default would be 30 minutes), so
@@ -170,7 +171,9 @@ def test_bucket_names_follow_an_auto_reducer_switch() -> None:
     import torch
     import torch.distributed as dist
 
-    from longboat.collective.autotune import AutoTuner, Candidate
+    from longboat.collective.autotune import AutoTuner
+    from longboat.collective.plan import Placement, resolve_comm
+    from longboat.strategy import Strategy
     from longboat.trace.stall import StallWatch
 
     store = dist.HashStore()
@@ -187,7 +190,8 @@ def test_bucket_names_follow_an_auto_reducer_switch() -> None:
         reducer = SimpleNamespace(observer=None, bucket_members=lambda: new)
         old_reducer = SimpleNamespace(observer=SimpleNamespace(watch=watch), remove_hooks=lambda: 0)
         model = SimpleNamespace(reducer=old_reducer, compressors=())
-        tuner = AutoTuner([Candidate("native", 1.0, 1)] * 2, lambda c: (reducer, []))
+        plan = resolve_comm(Strategy(env={}), Placement.of((0, 0), "gloo"))
+        tuner = AutoTuner([plan] * 2, lambda c: (reducer, []))
         tuner._install(model, 1)
         assert model.reducer is reducer and watch.buckets == new
         pending: torch.futures.Future = torch.futures.Future()

@@ -35,28 +35,9 @@ class ClusterInfo:
     elastic_round: Any = None  # longboat.elastic.membership.Membership in an elastic job
 
     def describe(self) -> str:
-        """One human-readable line, e.g. for the startup log; once the cluster is initialised
-        it ends with the collective strategy's allreduce choice ("allreduce: shm (one node,
-        CPU)")."""
+        """One human-readable line, e.g. for the startup log."""
         return (
             f"rank {self.rank}/{self.world_size} (local {self.local_rank}/{self.local_world_size}, "
             f"node {self.node_rank}/{self.num_nodes}) via {self.source}, "
             f"backend={self.backend or '-'}, master={self.master_addr}:{self.master_port}"
-            + _allreduce_part()
         )
-
-
-def _allreduce_part() -> str:
-    """``, allreduce: <choice>`` for the initialised cluster's collective strategy, else ''."""
-    import longboat.cluster as cluster
-    from longboat.strategy import Strategy
-    from longboat.strategy.selection import describe_algorithm
-
-    if not cluster.is_initialized():
-        return ""
-    strategy = cluster.current_strategy()
-    if not isinstance(strategy, Strategy):  # none given (or a foreign object): the defaults
-        strategy = Strategy()
-    if strategy.mode != "collective":
-        return ""
-    return f", allreduce: {describe_algorithm(strategy)}"

@@ -15,15 +15,8 @@ import torch.distributed as dist
 
 from longboat.cluster.env import discover
 from longboat.cluster.info import ClusterError, ClusterInfo
+from longboat.cluster.startup import Startup
 from longboat.cluster.topology import Topology, gather_topology, node_key
-from longboat.elastic.lost_links import socket_inodes, watch_lost_nodes
-from longboat.elastic.membership import (
-    connect_store,
-    elastic_dir,
-    read_membership,
-    require_elastic_dir,
-    write_ack,
-)
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -40,9 +33,11 @@ class _State:
     owns_group: bool
     store: dist.Store | None
     strategy: Any = None
+    startup: Startup = Startup()
 
 
 _state: _State | None = None  # see `_current`
+_startup = Startup()  # the last one `init` was handed: a re-init in this process reuses it
 _shutdown_hooks: list[Callable[[], None]] = []
 
 
@@ -94,16 +89,18 @@ def _resolve_backend(requested: str | None, single: bool) -> str:
     return name
 
 
-def _make_store(info: ClusterInfo, timeout: timedelta) -> dist.Store:
-    """An in-process HashStore for a lone process, else a TCPStore served by rank 0.
+def _make_store(info: ClusterInfo, timeout: timedelta, startup: Startup) -> dist.Store:
+    """An in-process HashStore for a lone process, else the store the startup gives (an
+    elastic round's), else a TCPStore served by rank 0.
 
     Under torch's elastic agent (torchrun, ``longboat launch``) the agent already serves
     the store on MASTER_PORT: connect to it, namespaced by restart attempt as torch does.
     """
     if info.source == "single":
         return dist.HashStore()
-    if info.elastic_round is not None:  # elastic job: the round's namespace of the store
-        return connect_store(info.elastic_round, timeout)
+    given = startup.store(info, timeout) if startup.store is not None else None
+    if given is not None:
+        return given
     where = f"{info.master_addr}:{info.master_port}"
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     try:
@@ -133,42 +130,12 @@ def _make_store(info: ClusterInfo, timeout: timedelta) -> dist.Store:
         ) from exc
 
 
-def _in_elastic_round(found: ClusterInfo) -> ClusterInfo:
-    """In an elastic job, this rank's place in the round its launcher published last (the
-    environment the rank started with may be several rounds old); else ``found``."""
-    directory = elastic_dir()
-    if directory is None or found.source == "single":
-        return found
-    membership = read_membership(directory)
-    if membership is None:
-        raise ClusterError(
-            f"LONGBOAT_ELASTIC_DIR={directory} has no membership yet: elastic ranks are "
-            "started by `longboat launch --nnodes MIN:MAX`"
-        )
-    rank = membership.rank_of(found.local_rank)
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(membership.world_size),
-        GROUP_RANK=str(membership.group_rank),
-        GROUP_WORLD_SIZE=str(membership.group_world_size),
-        LONGBOAT_NODE_RANK=str(membership.group_rank),
-        LONGBOAT_NNODES=str(membership.group_world_size),
-    )
-    return replace(
-        found,
-        rank=rank,
-        world_size=membership.world_size,
-        node_rank=membership.group_rank,
-        num_nodes=membership.group_world_size,
-        node_key=f"node:{membership.group_rank}",
-        elastic_round=membership,
-    )
-
-
-def _start_group(info: ClusterInfo, backend: str, timeout: timedelta) -> dist.Store:
+def _start_group(
+    info: ClusterInfo, backend: str, timeout: timedelta, startup: Startup
+) -> dist.Store:
     if backend == "nccl":
         torch.cuda.set_device(info.local_rank)
-    store = _make_store(info, timeout)
+    store = _make_store(info, timeout, startup)
     try:
         dist.init_process_group(
             backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
@@ -235,7 +202,11 @@ def _warn_if_inconsistent(info: ClusterInfo, topo: Topology) -> None:
 
 
 def init(
-    strategy: Any = None, backend: str | None = None, timeout: float | None = None
+    strategy: Any = None,
+    backend: str | None = None,
+    timeout: float | None = None,
+    *,
+    startup: Startup | None = None,
 ) -> ClusterInfo:
     """Join the cluster described by the environment and return this process's ClusterInfo.
 
@@ -243,9 +214,14 @@ def init(
     stored one). If torch.distributed is already initialised, it is adopted, not re-created.
     ``backend``: argument, else LONGBOAT_BACKEND, else "nccl" with CUDA, "gloo" without.
     ``timeout`` (seconds): argument, else LONGBOAT_TIMEOUT, else 300; bounds the rendezvous and
-    every collective of the process group.
+    every collective of the process group. ``startup``: what the layers above hand down
+    (elastic rounds, the stall inspector, the cluster line); ``longboat.init`` passes theirs,
+    and a later call without one (an elastic rank re-joining) reuses the last one given.
     """
-    global _state
+    global _state, _startup
+    if startup is not None:
+        _startup = startup
+    startup = _startup
     state = _current()
     if state is not None:
         if strategy is not None:
@@ -257,15 +233,15 @@ def init(
         info, topo = _adopt()
         owns = False
     else:
-        found = _in_elastic_round(discover())
+        found = discover()
+        if startup.place is not None and found.source != "single":
+            found = startup.place(found)
         name = _resolve_backend(backend, single=found.source == "single")
-        elastic = found.elastic_round is not None
-        sockets_before = set(socket_inodes()) if elastic else set()
-        store = _start_group(found, name, wait)
+        joined = startup.joining(found) if startup.joining is not None else None
+        store = _start_group(found, name, wait, startup)
         owns = True
-        if elastic:  # tell the launcher this rank made it
-            write_ack(require_elastic_dir(), found.local_rank, found.elastic_round.token)
-            watch_lost_nodes(found.elastic_round, require_elastic_dir(), sockets_before)
+        if joined is not None:
+            joined()
         # a script that exits (sys.exit, end of file) without shutdown() would otherwise
         # abort in the process group's destructor and report SIGABRT instead of its exit code
         atexit.unregister(shutdown)
@@ -276,16 +252,17 @@ def init(
             dist.destroy_process_group()
             raise
     _warn_if_inconsistent(info, topo)
-    _state = _State(info, topo, wait, owns, store, strategy)
-    from longboat.trace.stall import watch_collectives  # names stalled barriers, broadcasts...
-
-    watch_collectives(strategy)
+    _state = _State(info, topo, wait, owns, store, strategy, startup)
+    if startup.started is not None:
+        startup.started(info, topo, strategy)
     if info.rank == 0:
+        tail = startup.describe(info, topo, strategy) if startup.describe is not None else ""
         _log.info(
-            "longboat cluster: %d ranks on %d nodes, %s, timeout %.0fs",
+            "longboat cluster: %d ranks on %d nodes, %s%s, timeout %.0fs",
             info.world_size,
             topo.nodes,
             info.describe(),
+            tail,
             wait.total_seconds(),
         )
     return info
@@ -377,10 +354,8 @@ def barrier(timeout: float | None = None) -> None:
     if state.info.world_size == 1:
         return
     wait = state.timeout if timeout is None else _resolve_timeout(timeout)
-    from longboat.trace.stall import waiting
-
     try:
-        with waiting("barrier", timeout_s=wait.total_seconds()):
+        with state.startup.named_wait("barrier", wait.total_seconds()):
             if state.info.backend == "gloo":
                 dist.monitored_barrier(timeout=wait, wait_all_ranks=True)
             else:

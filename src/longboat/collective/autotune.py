@@ -16,7 +16,6 @@ keeps it for the rest of training. The defaults stay unless a candidate beats th
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import statistics
 import time
@@ -27,16 +26,10 @@ import torch
 import torch.distributed as dist
 
 import longboat.cluster as cluster
+from longboat.collective.plan import CollectivePlan, CommPlan
 from longboat.collective.reducer import Reducer
 from longboat.log import get_logger
-from longboat.registry import ALGORITHMS
-from longboat.strategy import Strategy
-from longboat.strategy.selection import (
-    comm_num,
-    fuse_grad_size_mb,
-    selected_algorithm,
-    selected_compressor,
-)
+from longboat.registry import ALGORITHMS, COMPRESSORS
 
 if TYPE_CHECKING:
     from longboat.collective.model import DistributedModel
@@ -46,40 +39,11 @@ log = get_logger("longboat.collective")
 TRIAL_STEPS = 3  # timed steps per candidate
 WARMUP_STEPS = 1  # untimed steps per candidate after switching to it (buffers, connections)
 MIN_GAIN = 0.03  # a candidate replaces the defaults only when this much faster (fraction)
-FUSE_SIZES_MB = (8.0, 2.0)  # tried besides the strategy's own fuse_grad_size_in_MB
+FUSE_SIZES_MB = (8.0, 2.0)  # tried besides the plan's own bucket size
 COMM_NUMS = (1, 2)
 clock: Callable[[], float] = time.perf_counter  # replaceable in tests
 
-Builder = Callable[["Candidate"], tuple[Reducer, list]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """One setting of the tuned fields."""
-
-    algorithm: str
-    fuse_grad_size_in_MB: float
-    nccl_comm_num: int
-
-    @classmethod
-    def of(cls, strategy: Strategy) -> Candidate:
-        """The setting ``strategy`` itself selects (the defaults' candidate)."""
-        return cls(selected_algorithm(strategy), fuse_grad_size_mb(strategy), comm_num(strategy))
-
-    def apply(self, strategy: Strategy) -> Strategy:
-        """A copy of ``strategy`` with this candidate's settings."""
-        changed = strategy.copy()
-        if self.algorithm != selected_algorithm(strategy):
-            changed.allreduce_algorithm = self.algorithm
-        changed.update(fuse_grad_size_in_MB=self.fuse_grad_size_in_MB)
-        changed.update(nccl_comm_num=self.nccl_comm_num)
-        return changed
-
-    def describe(self) -> str:
-        return (
-            f"algorithm={self.algorithm}, fuse_grad_size_in_MB={self.fuse_grad_size_in_MB:g}, "
-            f"nccl_comm_num={self.nccl_comm_num}"
-        )
+Builder = Callable[[CommPlan], tuple[Reducer, list]]  # a candidate: a variant of the CommPlan
 
 
 def topology_algorithms() -> list[str]:
@@ -90,37 +54,33 @@ def topology_algorithms() -> list[str]:
     return [a for a in auto.candidates(dist.group.WORLD) if ALGORITHMS.entry(a).tune]
 
 
-def candidates(strategy: Strategy, algorithms: Sequence[str]) -> list[Candidate]:
-    """The settings to try, the defaults' first; fields the user set are not tuned."""
-
-    def user_set(*fields: str) -> bool:
-        return any(strategy.source(f) != "default" for f in fields)
-
-    base = Candidate.of(strategy)
+def candidates(base: CommPlan, algorithms: Sequence[str]) -> list[CommPlan]:
+    """The settings to try, ``base`` (the plan's) first; settings the user set are not tuned."""
     algos = [base.algorithm]
-    if not user_set("allreduce_algorithm", "use_hierarchical_allreduce"):
+    if "algorithm" in base.tunable:
         algos += algorithms
-    fuses = [base.fuse_grad_size_in_MB]
-    if strategy.fuse_all_reduce_ops and not user_set("fuse_grad_size_in_MB"):
+    fuses = [base.bucket_mb]
+    if "bucket_mb" in base.tunable:
         fuses += FUSE_SIZES_MB
-    comms = [base.nccl_comm_num]
-    if not user_set("nccl_comm_num"):
+    comms = [base.communicators]
+    if "communicators" in base.tunable:
         comms += COMM_NUMS
     grid = itertools.product(*(dict.fromkeys(v) for v in (algos, fuses, comms)))
-    return [base] + [c for c in itertools.starmap(Candidate, grid) if c != base]
+    options = [base.with_settings(a, f, n) for a, f, n in grid]
+    return [base] + [c for c in options if c != base]
 
 
-def untunable(strategy: Strategy, world_size: int) -> str | None:
-    """Why ``strategy`` cannot be tuned on ``world_size`` ranks, or None."""
+def untunable(plan: CollectivePlan, world_size: int) -> str | None:
+    """Why ``plan`` cannot be tuned on ``world_size`` ranks, or None."""
     if world_size == 1:
         return "one rank has no gradients to communicate"
-    if strategy.localsgd or strategy.adaptive_localsgd:
+    if plan.local_sgd is not None:
         return "local SGD averages parameters instead of allreducing gradients"
-    if strategy.dgc:
+    if plan.compression.name == "dgc":
         return "DGC's residuals and momentum live in one reducer's compressors"
-    compressor = selected_compressor(strategy)
-    if compressor.lossy:
-        return f"{compressor.label}'s error feedback lives in one reducer's compressors"
+    if plan.compression.lossy:
+        label = COMPRESSORS.entry(plan.compression.name).label
+        return f"{label}'s error feedback lives in one reducer's compressors"
     return None
 
 
@@ -129,7 +89,7 @@ class AutoTuner:
 
     def __init__(
         self,
-        options: Sequence[Candidate],
+        options: Sequence[CommPlan],
         build: Builder,
         *,
         trial_steps: int | None = None,
@@ -139,7 +99,7 @@ class AutoTuner:
         self.trial_steps = TRIAL_STEPS if trial_steps is None else trial_steps
         self.warmup_steps = WARMUP_STEPS if warmup_steps is None else warmup_steps
         self.active = 0  # index of the candidate whose reducer is installed
-        self.choice: Candidate | None = None  # set when the trial is over
+        self.choice: CommPlan | None = None  # set when the trial is over
         self.medians: list[float] = []  # slowest rank's median step time per candidate (s)
         self._build: Builder | None = build
         self._times: list[list[float]] = [[] for _ in self.candidates]
@@ -217,7 +177,7 @@ class AutoTuner:
         for i, (c, t) in enumerate(zip(self.candidates, self.medians, strict=True)):
             mark = "  defaults" if i == 0 else ("  <- chosen" if c == self.choice else "")
             lines.append(
-                f"  {c.algorithm:<13}{c.fuse_grad_size_in_MB:>8g}{c.nccl_comm_num:>6}"
+                f"  {c.algorithm:<13}{c.bucket_mb:>8g}{c.communicators:>6}"
                 f"{t * 1e3:>11.2f}{t / base:>12.2f}x{mark}"
             )
         assert self.choice is not None
@@ -227,23 +187,22 @@ class AutoTuner:
             why = "the defaults were the fastest"
         else:
             why = (
-                f"kept the defaults: the fastest, {self.candidates[best].describe()}, was only "
+                f"kept the defaults: the fastest, {self.candidates[best].settings()}, was only "
                 f"{gain:.1%} faster, under the {MIN_GAIN:.0%} needed to switch"
             )
-        lines.append(f"auto: chose {self.choice.describe()} ({why})")
+        lines.append(f"auto: chose {self.choice.settings()} ({why})")
         return "\n".join(lines)
 
 
-def make_tuner(strategy: Strategy, build: Builder) -> AutoTuner | None:
-    """The tuner for ``strategy`` (``auto=True``), or None (logged why) when nothing is tuned."""
-    base = Candidate.of(strategy)
-    reason = untunable(strategy, dist.get_world_size())
-    options = [] if reason else candidates(strategy, topology_algorithms())
+def make_tuner(plan: CollectivePlan, build: Builder) -> AutoTuner | None:
+    """The tuner for ``plan`` (``auto=True``), or None (logged why) when nothing is tuned."""
+    reason = untunable(plan, dist.get_world_size())
+    options = [] if reason else candidates(plan.comm, topology_algorithms())
     if not reason and len(options) == 1:
         reason = "every tuned field was set explicitly"
     if reason:
         if cluster.rank() == 0:
-            log.info("auto: kept %s: %s", base.describe(), reason)
+            log.info("auto: kept %s: %s", plan.comm.settings(), reason)
         return None
     tuner = AutoTuner(options, build)
     if cluster.rank() == 0:

@@ -13,7 +13,7 @@ from torch import nn
 
 import longboat.cluster as cluster
 from longboat.collective.amp import Amp
-from longboat.collective.autotune import AutoTuner, Builder, Candidate, make_tuner
+from longboat.collective.autotune import AutoTuner, Builder, make_tuner
 from longboat.collective.buckets import BucketPlan, GradSpec, layer_of, plan_buckets
 from longboat.collective.consistency import (
     broadcast_state,
@@ -30,6 +30,7 @@ from longboat.collective.optimizer import (
     dgc_momentum,
     use_multi_tensor_kernels,
 )
+from longboat.collective.plan import CollectivePlan, CommPlan, Placement, resolve
 from longboat.collective.reducer import Reducer
 from longboat.collective.sync_bn import convert_sync_batchnorm
 from longboat.comm import algorithms
@@ -42,16 +43,7 @@ from longboat.log import get_logger
 from longboat.optim import wrap_optimizer
 from longboat.optim.staged import ALREADY_DISTRIBUTED, Stage, StagedOptimizer, is_distributed
 from longboat.recompute import apply_recompute
-from longboat.registry import Entry
 from longboat.strategy import Strategy
-from longboat.strategy.selection import (
-    AllreduceChoice,
-    allreduce_choice,
-    comm_num,
-    compressor_config,
-    fuse_grad_size_mb,
-    selected_compressor,
-)
 from longboat.trace.stall import waiting, watch_collectives
 
 log = get_logger("longboat.collective")
@@ -68,49 +60,56 @@ def distribute(
     Initialises the cluster if needed, checks that every rank runs the same Strategy and built
     the same model, builds the communicators, broadcasts rank 0's parameters and buffers,
     installs the gradient reducer and wraps the model and the optimizer. Returns the wrapped
-    model and the optimizer (gated for gradient merge when that is on).
+    model and the optimizer (a `longboat.optim.StagedOptimizer` around the one given, with the
+    stages the plan asks for).
     """
     strategy = strategy or cluster.current_strategy() or Strategy()
     if strategy.mode != "collective":
         raise ValueError(f"mode={strategy.mode!r} is not collective: call lb.distribute")
     model, named = _prepare(model, strategy)
-    comm = join_world(model, strategy)
+    plan = resolve(strategy, live_placement())
+    comm = join_world(model, strategy, plan)
     if _wants_compiled_fusion(strategy):
         model = torch.compile(model)  # type: ignore[assignment]
-    amp = Amp(strategy.amp_configs, named[0][1].device.type) if strategy.amp else None
+    amp = Amp(plan.amp, named[0][1].device.type) if plan.amp is not None else None
     scaled = amp is not None and amp.scaler is not None
     reducer, compressors = build_reducer(
-        named, strategy, optimizer, communicators=comm.pair, check_finite=scaled
+        named, plan, optimizer, communicators=comm.pair, check_finite=scaled
     )
     tuner = (
-        make_tuner(strategy, _candidate_builder(named, strategy, optimizer, scaled, comm))
-        if strategy.auto
+        make_tuner(plan, _candidate_builder(named, plan, optimizer, scaled, comm))
+        if plan.auto
         else None
     )
-    wrapped = _wrap_model(model, strategy, reducer, compressors, amp, named, tuner)
+    wrapped = _wrap_model(model, strategy, plan, reducer, compressors, amp, named, tuner)
     optimizer = _wrap_optimizer(optimizer, strategy, wrapped, named, scaled)
     from longboat.trace import attach  # timeline and stall inspector, as the strategy asks
 
     return wrapped, attach(wrapped, optimizer, strategy)
 
 
-def join_world(model: nn.Module, strategy: Strategy) -> Comm:
+def live_placement() -> Placement:
+    """Where this job's ranks run: the cluster's node of every rank, and its backend."""
+    return Placement.of(cluster.topology().node_of, str(dist.get_backend()))
+
+
+def join_world(model: nn.Module, strategy: Strategy, plan: CollectivePlan) -> Comm:
     """The collective steps of ``lb.distribute``, in the order every rank runs them: check that
     all ranks run the same Strategy and model, build the communicators, broadcast rank 0's
     parameters. A rank rebuilding after an elastic membership change runs them too, so that
     it meets a rank joining for the first time in the same collectives."""
     _verify_ranks(model, strategy)
-    comm = build_comm(strategy)
+    comm = build_comm(plan.comm)
     if not (elastic_world.is_elastic() and elastic_world.any_survivor()):
-        _broadcast_initial_state(model, strategy, comm)  # else State.sync brings the state
+        _broadcast_initial_state(model, plan, comm)  # else State.sync brings the state
     return comm
 
 
 @dataclasses.dataclass(frozen=True)
 class Comm:
-    """The selected allreduce algorithm on each of ``nccl_comm_num`` communicators."""
+    """The plan's allreduce algorithm on each of its communicators."""
 
-    choice: AllreduceChoice
+    plan: CommPlan
     groups: list[dist.ProcessGroup]
     fns: list[AllreduceFn]
 
@@ -119,11 +118,10 @@ class Comm:
         return self.groups, self.fns
 
 
-def build_comm(strategy: Strategy) -> Comm:
-    """Communicators and the selected algorithm on each (collective: every rank, in order)."""
-    choice = allreduce_choice(strategy)
-    groups = make_communicators(comm_num(strategy))
-    return Comm(choice, groups, [algorithms.make(choice.algorithm, g) for g in groups])
+def build_comm(plan: CommPlan) -> Comm:
+    """Communicators and the plan's algorithm on each (collective: every rank, in order)."""
+    groups = make_communicators(plan.communicators)
+    return Comm(plan, groups, [algorithms.make(plan.algorithm, g) for g in groups])
 
 
 def _prepare(
@@ -132,7 +130,7 @@ def _prepare(
     """Join the cluster, apply per-process settings, convert batch norms; the parameters
     to train, checked against the backend."""
     strategy.check()
-    if not cluster.is_initialized():
+    if not cluster.is_initialized():  # lb.distribute has called lb.init; a direct call joins
         cluster.init(strategy)
     if isinstance(model, DistributedModel):
         raise ValueError("this model was already passed to lb.distribute")
@@ -156,19 +154,20 @@ def _verify_ranks(model: nn.Module, strategy: Strategy) -> None:
         verify_same_model(model)
 
 
-def _broadcast_initial_state(model: nn.Module, strategy: Strategy, comm: Comm) -> None:
+def _broadcast_initial_state(model: nn.Module, plan: CollectivePlan, comm: Comm) -> None:
     """Rank 0's parameters and buffers to every rank, through the algorithm if it says so."""
     with waiting("broadcast of parameters"):
         broadcast_state(
             [p for _, p in model.named_parameters()] + [b for _, b in model.named_buffers()],
-            coalesce=bool(strategy.fuse_broadcast_ops),
-            allreduce_fn=comm.fns[0] if comm.choice.broadcast else None,
+            coalesce=plan.coalesce_broadcast,
+            allreduce_fn=comm.fns[0] if comm.plan.broadcast else None,
         )
 
 
 def _wrap_model(
     model: nn.Module,
     strategy: Strategy,
+    plan: CollectivePlan,
     reducer: Reducer,
     compressors: list,
     amp: Amp | None,
@@ -176,19 +175,19 @@ def _wrap_model(
     tuner: AutoTuner | None,
 ) -> DistributedModel:
     """The module wrapper: gradient merge, local SGD, AMP, auto-tuning around ``reducer``."""
-    merge = strategy.gradient_merge
-    local_sgd = _local_sgd(strategy, [p for _, p in named])
+    local_sgd = _local_sgd(plan, [p for _, p in named])
     return DistributedModel(
         model,
         reducer,
-        k_steps=int(strategy.gradient_merge_configs["k_steps"]) if merge else 1,
-        merge_avg=bool(strategy.gradient_merge_configs["avg"]) if merge else False,
+        k_steps=plan.k_steps,
+        merge_avg=plan.merge.avg if plan.merge is not None else False,
         communicate=local_sgd is None,
         amp=amp,
         compressors=compressors,
         local_sgd=local_sgd,
         tuner=tuner,
         strategy=strategy,
+        plan=plan,
     )
 
 
@@ -243,59 +242,53 @@ def _replace_optimizer(
 
 
 def _local_sgd(
-    strategy: Strategy, params: list[nn.Parameter]
+    plan: CollectivePlan, params: list[nn.Parameter]
 ) -> LocalSGD | AdaptiveLocalSGD | None:
     """Local SGD replaces gradient allreduce by parameter averaging every k steps."""
-    if strategy.localsgd:
-        c = strategy.localsgd_configs
-        return LocalSGD(params, k_steps=int(c["k_steps"]), begin_step=int(c["begin_step"]))
-    if strategy.adaptive_localsgd:
-        c = strategy.adaptive_localsgd_configs
-        return AdaptiveLocalSGD(
-            params, init_k_steps=int(c["init_k_steps"]), begin_step=int(c["begin_step"])
-        )
-    return None
+    local = plan.local_sgd
+    if local is None:
+        return None
+    if local.adaptive:
+        return AdaptiveLocalSGD(params, init_k_steps=local.k_steps, begin_step=local.begin_step)
+    return LocalSGD(params, k_steps=local.k_steps, begin_step=local.begin_step)
 
 
-def _compression(strategy: Strategy, optimizer: torch.optim.Optimizer | None) -> tuple[Entry, dict]:
-    """The gradient compressor the strategy selects ('none' counts bytes), and its config."""
-    entry = selected_compressor(strategy)
-    config = compressor_config(strategy, entry)
-    if entry.name == "dgc":  # DGC applies the optimizer's momentum itself
+def _compressor_config(plan: CollectivePlan, optimizer: torch.optim.Optimizer | None) -> dict:
+    """The plan's compressor config ('none' counts bytes); DGC takes the optimizer's momentum."""
+    config = dict(plan.compression.config)
+    if plan.compression.name == "dgc":  # DGC applies the optimizer's momentum itself
         config["momentum"] = dgc_momentum(optimizer)
-    return entry, config
+    return config
 
 
 def build_reducer(
     named_params: list[tuple[str, nn.Parameter]],
-    strategy: Strategy,
+    plan: CollectivePlan,
     optimizer: torch.optim.Optimizer | None,
-    plan: BucketPlan | None = None,
+    buckets: BucketPlan | None = None,
     *,
     communicators: tuple[list[dist.ProcessGroup], list[AllreduceFn]] | None = None,
     check_finite: bool = False,
 ) -> tuple[Reducer, list]:
-    """The gradient reducer ``strategy`` selects for ``named_params``, and its compressors.
+    """The gradient reducer ``plan`` describes for ``named_params``, and its compressors.
 
     This is the reducer ``lb.distribute`` installs; facades over the core (``longboat.horovod``)
-    build theirs here too. The reducer registers its gradient hooks on the parameters at once
-    and from then on averages their gradients across ranks during every backward pass (see
+    build theirs here too, from ``resolve(strategy, live_placement())``. The reducer registers
+    its gradient hooks on the parameters at once and from then on averages their gradients
+    across ranks during every backward pass (see
     :class:`~longboat.collective.reducer.Reducer`, and :meth:`Reducer.flush
     <longboat.collective.reducer.Reducer.flush>` to reduce outside backward).
 
     Args:
         named_params: ``(name, parameter)`` pairs that require grad, in model order; the same
             names, shapes and dtypes, in the same order, on every rank.
-        strategy: the bucket plan (``fuse_all_reduce_ops``, ``fuse_grad_size_in_MB``, ...),
-            the allreduce algorithm and ``nccl_comm_num``, the gradient compression,
-            ``sync_nccl_allreduce`` and ``find_unused_parameters``.
-        optimizer: read only for DGC's momentum (``strategy.dgc``); may be None otherwise.
-        plan: an explicit bucket plan, used instead of the one the strategy's fusion fields
-            would make.
+        plan: the resolved Strategy (`longboat.collective.plan.resolve`): its bucket settings,
+            algorithm and communicators, compressor, ``find_unused_parameters``.
+        optimizer: read only for DGC's momentum; may be None otherwise.
+        buckets: an explicit bucket plan, used instead of the one ``plan.comm`` would make.
         communicators: ``(process groups, allreduce functions)`` already made for
-            ``strategy``'s algorithm and ``nccl_comm_num``, to share them; by default new
-            ones are made, which is collective: every rank must then call this in the same
-            order.
+            ``plan.comm``, to share them; by default new ones are made, which is collective:
+            every rank must then call this in the same order.
         check_finite: record in ``reducer.last_finite`` whether the reduced gradients are
             free of inf/NaN (AMP loss scaling).
 
@@ -304,32 +297,31 @@ def build_reducer(
         the reducer runs (their ``stats`` count the bytes sent).
     """
     if communicators is None:
-        communicators = build_comm(strategy).pair
+        communicators = build_comm(plan.comm).pair
     comms, fns = communicators
-    if plan is None:
+    if buckets is None:
         specs = [
             GradSpec(i, n, p.numel(), p.dtype, p.device, layer_of(n))
             for i, (n, p) in enumerate(named_params)
         ]
-        plan = plan_buckets(
+        buckets = plan_buckets(
             specs,
-            fuse=strategy.fuse_all_reduce_ops,
-            cap_mb=fuse_grad_size_mb(strategy),
-            max_layers=int(strategy.fuse_grad_size_in_TFLOPS),
-            last_cap_mb=float(strategy.last_comm_group_size_MB),
+            fuse=plan.comm.fuse,
+            cap_mb=plan.comm.bucket_mb,
+            max_layers=plan.comm.layers_per_bucket,
+            last_cap_mb=plan.comm.last_bucket_mb,
         )
-        described = plan.describe(len(specs))
+        described = buckets.describe(len(specs))
     else:
-        described = f"{len(named_params)} gradient tensors in {len(plan)} explicit buckets"
+        described = f"{len(named_params)} gradient tensors in {len(buckets)} explicit buckets"
     # pre-divided buckets: half precision cannot overflow the sum
-    entry, config = _compression(strategy, optimizer)
-    compressors = [
-        make_compressor(entry.name, fn, g, config) for fn, g in zip(fns, comms, strict=True)
-    ]
+    config = _compressor_config(plan, optimizer)
+    name = plan.compression.name
+    compressors = [make_compressor(name, fn, g, config) for fn, g in zip(fns, comms, strict=True)]
     fns = list(compressors)
     # a lossy compressor must not touch the used-parameter flags: they go apart, exactly
-    flag_fns = [c.exact for c in compressors] if entry.lossy else None
-    if strategy.sync_nccl_allreduce:
+    flag_fns = [c.exact for c in compressors] if plan.compression.lossy else None
+    if plan.comm.serial:
         fns = [SerialAllreduce(fn) for fn in fns]
         if flag_fns is not None:  # the flags join the same chain: one order on every rank
             flag_fns = [functools.partial(s, fn=f) for s, f in zip(fns, flag_fns, strict=True)]
@@ -338,14 +330,14 @@ def build_reducer(
             "%s over %d communicator(s)%s",
             described,
             len(fns),
-            ", one allreduce in flight per communicator" if strategy.sync_nccl_allreduce else "",
+            ", one allreduce in flight per communicator" if plan.comm.serial else "",
         )
     reducer = Reducer(
         named_params,
-        plan,
+        buckets,
         fns,
         world_size=dist.get_world_size(),
-        find_unused_parameters=strategy.find_unused_parameters,
+        find_unused_parameters=plan.find_unused_parameters,
         check_finite=check_finite,
         flag_fns=flag_fns,
     )
@@ -358,22 +350,25 @@ def build_reducer(
 
 def _candidate_builder(
     named: list[tuple[str, nn.Parameter]],
-    strategy: Strategy,
+    plan: CollectivePlan,
     optimizer: torch.optim.Optimizer | None,
     check_finite: bool,
     comm: Comm,
 ) -> Builder:
     """Strategy(auto=True)'s candidate reducers, through ``build_reducer``; candidates with
-    the same algorithm and ``nccl_comm_num`` share communicators (the defaults' ``comm``)."""
-    cache = {(comm.choice.algorithm, len(comm.groups)): comm.pair}
+    the same algorithm and communicator count share communicators (the plan's ``comm``)."""
+    cache = {(comm.plan.algorithm, len(comm.groups)): comm.pair}
 
-    def build(candidate: Candidate) -> tuple[Reducer, list]:
-        changed = candidate.apply(strategy)
-        key = (candidate.algorithm, candidate.nccl_comm_num)
+    def build(candidate: CommPlan) -> tuple[Reducer, list]:
+        key = (candidate.algorithm, candidate.communicators)
         if key not in cache:
-            cache[key] = build_comm(changed).pair
+            cache[key] = build_comm(candidate).pair
         return build_reducer(
-            named, changed, optimizer, communicators=cache[key], check_finite=check_finite
+            named,
+            dataclasses.replace(plan, comm=candidate),
+            optimizer,
+            communicators=cache[key],
+            check_finite=check_finite,
         )
 
     return build

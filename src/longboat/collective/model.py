@@ -36,6 +36,7 @@ class DistributedModel(nn.Module):
         local_sgd: Any = None,
         tuner: Any = None,
         strategy: Any = None,
+        plan: Any = None,
     ):
         super().__init__()
         self.amp = amp
@@ -43,6 +44,7 @@ class DistributedModel(nn.Module):
         self.local_sgd = local_sgd  # LocalSGD / AdaptiveLocalSGD when it replaces the reducer
         self.tuner = tuner  # Strategy(auto=True): an AutoTuner that swaps the reducer
         self.strategy = strategy  # the Strategy it was built with (None outside lb.distribute)
+        self.plan = plan  # what it resolved to (longboat.collective.plan.CollectivePlan)
         self.communicate = communicate  # False under local SGD: parameters are averaged instead
         self.module = module
         self.reducer = reducer

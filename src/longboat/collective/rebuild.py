@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from longboat.collective.engine import build_reducer, join_world
+from longboat.collective.engine import build_reducer, join_world, live_placement
 from longboat.collective.model import DistributedModel
+from longboat.collective.plan import resolve
 
 
 class RebuildError(ValueError):
@@ -43,15 +44,17 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     strategy = model.strategy
     old = model.reducer
     old.remove_hooks()
-    comm = join_world(model.module, strategy)  # meets newcomers in lb.distribute's collectives
+    plan = resolve(strategy, live_placement())  # the new world's placement decides anew
+    comm = join_world(model.module, strategy, plan)  # meets newcomers in lb.distribute's calls
     reducer, compressors = build_reducer(
         list(zip(old.names, old.params, strict=True)),
-        strategy,
+        plan,
         optimizer,
         communicators=comm.pair,
         check_finite=old.check_finite,
     )
     model.reducer = reducer
+    model.plan = plan
     model.compressors = tuple(compressors)
     model.micro_step = 0
     from longboat.trace import attach  # timeline and stall inspector for the new world

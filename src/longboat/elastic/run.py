@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import longboat.cluster as cluster
-from longboat.elastic import world
+from longboat.elastic import join, world
 from longboat.elastic.failures import describe, is_peer_failure
 from longboat.elastic.membership import ElasticError, Membership
 from longboat.elastic.state import State
@@ -36,8 +36,8 @@ def run(train: Callable[..., T]) -> Callable[..., T]:
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
         if not world.is_elastic():
             return train(state, *args, **kwargs)
-        if not cluster.is_initialized():
-            cluster.init()
+        if not cluster.is_initialized():  # lb.init() not called: join the round at least
+            cluster.init(startup=join.startup())
         state.sync()
         resets, last_commits = 0, state.commits
         while True:

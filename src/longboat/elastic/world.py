@@ -102,7 +102,7 @@ def regroup(reason: str, lost_peer: bool, strategy: object = None) -> Membership
         membership = _wait_for_round(directory, old_token)
         write_ack(directory, local_rank, membership.token)  # alive and following: not hung
         try:
-            cluster.init(strategy)
+            cluster.init(strategy)  # with the startup lb.init handed down first
             global _survivor
             _survivor = True
             return membership

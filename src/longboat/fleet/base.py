@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import longboat.cluster as cluster
+from longboat import session
 from longboat.checkpoint import load_checkpoint, save_checkpoint
 from longboat.collective.engine import distribute
 from longboat.collective.model import DistributedModel
@@ -134,7 +135,7 @@ class Fleet:
         self._strategy = strategy
         self._optimizer, self._model, self._server, self._kv = None, None, None, None
         if role_maker.is_collective:
-            info = cluster.init(strategy)
+            info = session.init(strategy)
             if (role_maker.worker_index(), role_maker.worker_num()) != (
                 info.rank,
                 info.world_size,
@@ -337,7 +338,7 @@ class Fleet:
             model, self._optimizer.inner_opt, strategy, token=auth.load_token(),
             **self._ps_location(),
         )  # fmt: skip
-        self._optimizer._bound = optimizer  # type: ignore[assignment]
+        self._optimizer._bound = optimizer
         self._model = wrapped
         return wrapped
 

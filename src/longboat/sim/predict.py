@@ -2,7 +2,7 @@
 
 Collective mode: backward produces the gradients at the profiled times; the real bucket plan
 (`longboat.collective.buckets.plan_buckets`, with the Strategy's caps; settings chosen by the
-topology rule are resolved for the cluster, see `comm_settings`) groups them; each bucket
+topology rule are resolved for the cluster, see `collective_plan`) groups them; each bucket
 is launched when its last gradient is ready (in plan order) on the communicator the
 reducer gives it (`longboat.collective.buckets.assign_communicators`) and costed by
 `longboat.sim.compression` / `longboat.sim.cost`; the timeline (`longboat.sim.timeline`)
@@ -24,11 +24,12 @@ What else a synchronous step loses on GPUs (each 0 unless the cluster sets or im
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from longboat.cluster.topology import comm_defaults
 from longboat.collective.buckets import assign_communicators, plan_buckets
+from longboat.collective.plan import TOPOLOGY, CollectivePlan, Placement
+from longboat.collective.plan import resolve as resolve_plan
 from longboat.sim import cost, devices
 from longboat.sim.cluster import Cluster, ClusterError
 from longboat.sim.compression import bucket_parts
@@ -36,12 +37,6 @@ from longboat.sim.profile import Profile
 from longboat.sim.straggler import straggler_seconds
 from longboat.sim.timeline import Job, busy_before, finish_times
 from longboat.strategy import Strategy
-from longboat.strategy.selection import (
-    TOPOLOGY,
-    compressor_config,
-    selected_algorithm,
-    selected_compressor,
-)
 
 
 @dataclass(frozen=True)
@@ -75,33 +70,20 @@ class Prediction:
         return asdict(self) | {"overlap": self.overlap}
 
 
-@dataclass(frozen=True)
-class CommSettings:
-    """The allreduce algorithm, bucket cap and communicator count a job runs with."""
-
-    algorithm: str
-    cap_mb: float
-    comms: int
-
-
-def comm_settings(strategy: Strategy, cluster: Cluster) -> CommSettings:
-    """What the engine runs ``strategy`` with on ``cluster``: ``allreduce_algorithm='topology'``
-    and a bucket cap or communicator count left at its default follow the topology rule
-    (`longboat.cluster.topology.comm_defaults`) of the cluster's placement and backend."""
+def collective_plan(strategy: Strategy, cluster: Cluster) -> CollectivePlan:
+    """What the engine runs ``strategy`` with on ``cluster``: the Strategy resolved on the
+    cluster's placement and backend (`longboat.collective.plan.resolve`, the engine's own
+    resolution), except that a topology-chosen ``shm`` becomes ``native`` where the cost model
+    has no host link between the ranks."""
     node_of = [rank // cluster.devices_per_node for rank in range(cluster.world)]
-    rule = comm_defaults(node_of, cluster.resolved_backend())
-    algorithm = selected_algorithm(strategy)
-    if strategy.allreduce_algorithm == TOPOLOGY and not strategy.use_hierarchical_allreduce:
-        algorithm = rule.algorithm  # the rule of this cluster, not of a live one in this process
-        if not cost.applicable(algorithm, cluster):
-            algorithm = "native"  # Gloo's shared-memory rule on ranks without a host link
-    by_rule = {
-        field: getattr(rule if strategy.source(field) == "default" else strategy, field)
-        for field in ("fuse_grad_size_in_MB", "nccl_comm_num")
-    }
-    return CommSettings(
-        algorithm, float(by_rule["fuse_grad_size_in_MB"]), int(by_rule["nccl_comm_num"])
-    )
+    plan = resolve_plan(strategy, Placement.of(node_of, cluster.resolved_backend()))
+    by_topology = str(strategy.allreduce_algorithm) == TOPOLOGY
+    chosen = plan.comm.algorithm
+    if by_topology and not strategy.use_hierarchical_allreduce and not cost.applicable(
+        chosen, cluster
+    ):  # Gloo's shared-memory rule on ranks without a host link
+        plan = replace(plan, comm=replace(plan.comm, algorithm="native"))
+    return plan
 
 
 #: Coefficient of variation of one rank's compute per step on a GPU when the cluster does not
@@ -195,12 +177,6 @@ def jitter_of(cluster: Cluster) -> float:
     return DEFAULT_GPU_JITTER if cluster.resolved_backend() == "nccl" else 0.0
 
 
-def compression_of(strategy: Strategy) -> tuple[str, dict[str, Any]]:
-    """The compressor the engine would use for ``strategy``, and its settings."""
-    entry = selected_compressor(strategy)
-    return entry.name, compressor_config(strategy, entry)
-
-
 def _finish(
     cluster: Cluster,
     prof: Profile,
@@ -254,17 +230,13 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         return simulate_ps(profile, cluster, strategy)
     prof = device_profile(profile, cluster, strategy)
     fwd, bwd, opt = prof.forward_s, prof.backward_s, prof.optimizer_s
-    settings = comm_settings(strategy, cluster)
-    algorithm = settings.algorithm
+    plan = collective_plan(strategy, cluster)
+    algorithm = plan.comm.algorithm
     notes: list[str] = []
     if algorithm == "shm" and cluster.nodes > 1:
         raise cost.CostError("allreduce_algorithm='shm' works on one node only")
-    if strategy.localsgd or strategy.adaptive_localsgd:
-        k = int(
-            strategy.localsgd_configs["k_steps"]
-            if strategy.localsgd
-            else strategy.adaptive_localsgd_configs["init_k_steps"]
-        )
+    if plan.local_sgd is not None:
+        k = int(plan.local_sgd.k_steps)
         algo = cost.best_algorithm(prof.grad_bytes, cluster) if algorithm == "auto" else algorithm
         lat, bw = cost.allreduce(prof.grad_bytes, cluster, algo)
         average = (lat + bw + 2 * prof.grad_bytes / cluster.mem_bw) if cluster.world > 1 else 0.0
@@ -284,31 +256,31 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
             algorithm=algo,
             notes=(f"local SGD: parameters averaged every {k} steps",),
         )
-    merge = int(strategy.gradient_merge_configs["k_steps"]) if strategy.gradient_merge else 1
-    plan = plan_buckets(
+    merge = plan.k_steps
+    buckets = plan_buckets(
         prof.grad_specs(),
-        fuse=bool(strategy.fuse_all_reduce_ops),
-        cap_mb=settings.cap_mb,
-        max_layers=int(strategy.fuse_grad_size_in_TFLOPS),
-        last_cap_mb=float(strategy.last_comm_group_size_MB),
+        fuse=plan.comm.fuse,
+        cap_mb=plan.comm.bucket_mb,
+        max_layers=plan.comm.layers_per_bucket,
+        last_cap_mb=plan.comm.last_bucket_mb,
     )
-    compression, config = compression_of(strategy)
-    comms = settings.comms
+    compression, config = plan.compression.name, dict(plan.compression.config)
+    comms = plan.comm.communicators
     rate = flop_rate(profile, cluster)
     copy_s = 2 * prof.grad_bytes / cluster.mem_bw if cluster.world > 1 else 0.0
     jobs, sent, total, chosen = [], 0, 0.0, set()
     on_comm = assign_communicators(
-        [sum(prof.params[i].nbytes for i in members) for members in plan.buckets], comms
+        [sum(prof.params[i].nbytes for i in members) for members in buckets.buckets], comms
     )
-    for b, members in enumerate(plan.buckets):
+    for b, members in enumerate(buckets.buckets):
         params = [prof.params[i] for i in members]
-        extra = 4 * len(prof.params) if b == len(plan.buckets) - 1 else 0
+        extra = 4 * len(prof.params) if b == len(buckets.buckets) - 1 else 0
         algo = algorithm
         if algorithm == "auto":
             algo = cost.best_algorithm(sum(p.nbytes for p in params), cluster)
         chosen.add(algo)
         (lat, bw), nbytes = bucket_parts(params, extra, cluster, algo, compression, config, rate)
-        ready = max(p.ready_s for p in params) + copy_s * (b + 1) / len(plan.buckets)
+        ready = max(p.ready_s for p in params) + copy_s * (b + 1) / len(buckets.buckets)
         jobs.append(Job(ready, on_comm[b], lat, bw))
         sent += nbytes
         total += lat + bw
@@ -330,7 +302,7 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         exposed_comm_s=exposed / merge,
         optimizer_s=opt / merge,
         comm_s=total / merge,
-        buckets=len(plan.buckets),
+        buckets=len(buckets.buckets),
         bytes_sent=sent // merge,
         algorithm="+".join(sorted(chosen)),
         notes=tuple(notes),

@@ -19,7 +19,7 @@ import yaml
 
 from longboat.sim import cost
 from longboat.sim.cluster import Cluster
-from longboat.sim.predict import Prediction, comm_settings, resolve, simulate
+from longboat.sim.predict import Prediction, collective_plan, resolve, simulate
 from longboat.sim.profile import Profile
 from longboat.strategy import Strategy, StrategyError
 from longboat.tools.progress import progress
@@ -80,11 +80,11 @@ def recommend(
     rest, fastest first. Fields equal to what the default Strategy runs with on ``cluster``
     (topology-chosen settings resolved) are dropped."""
     cluster = resolve(cluster, profile)  # the backend the profile implies (device: profiled)
-    default = comm_settings(Strategy(), cluster)
+    default = collective_plan(Strategy(), cluster).comm
     defaults = Strategy().to_dict() | {
         "allreduce_algorithm": default.algorithm,
-        "fuse_grad_size_in_MB": default.cap_mb,
-        "nccl_comm_num": default.comms,
+        "fuse_grad_size_in_MB": default.bucket_mb,
+        "nccl_comm_num": default.communicators,
     }
     choices = []
     fields_list = candidates(cluster, lossy, exact)

@@ -248,9 +248,9 @@ class Strategy:
         check_use(self._values)
         self._check_planned()
         if self._values["elastic"] and "elastic" not in self._warned:
-            from longboat.elastic.world import is_elastic
+            from longboat.elastic.membership import elastic_dir
 
-            if not is_elastic():
+            if elastic_dir() is None:  # not started by `longboat launch --nnodes MIN:MAX`
                 self._warned.add("elastic")
                 logger.warning(
                     "Strategy.elastic=True does not make a job elastic: start it with "

@@ -20,7 +20,6 @@ from torch.utils._pytree import tree_leaves
 
 from longboat.cluster import on_shutdown
 from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest
-from longboat.strategy.selection import comm_num
 from longboat.trace.recorder import Recorder, comm_lane
 from longboat.trace.stall import StallWatch
 
@@ -227,7 +226,8 @@ def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -
         return optimizer
     rank, world = dist.get_rank(), dist.get_world_size()
     reducer = model.reducer
-    recorder = Recorder(timeline, rank, world, comm_num(strategy)) if timeline else None
+    plan = model.plan  # longboat.collective.plan.CollectivePlan: communicators, algorithm
+    recorder = Recorder(timeline, rank, world, plan.comm.communicators) if timeline else None
     watch = None
     if warning > 0 and world > 1:
         watch = StallWatch(
@@ -241,9 +241,7 @@ def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -
         )
     if recorder is None and watch is None:
         return optimizer
-    from longboat.strategy.selection import allreduce_choice
-
-    observer = Observer(recorder, watch, allreduce_choice(strategy).label)
+    observer = Observer(recorder, watch, plan.label)
     reducer.observer = observer
     make_current(observer)
     on_shutdown(observer.close)

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import longboat.cluster as cluster
+from longboat import session
 from longboat.horovod.torch import process_sets as psets
 from longboat.horovod.torch.negotiation import (
     BARRIER,
@@ -49,9 +50,14 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         raise ValueError('process_sets must be a list of hvd.ProcessSet, or "dynamic"')
     if _controller is not None:
         return
-    info = cluster.init()
+    info = session.init()
     strategy = cluster.current_strategy()
-    algorithm = "native" if strategy is None else str(strategy.allreduce_algorithm)
+    algorithm = "native"
+    if strategy is not None:  # the strategy's choice on this placement, as lb.distribute's
+        from longboat.collective.engine import live_placement
+        from longboat.collective.plan import resolve_comm
+
+        algorithm = resolve_comm(strategy, live_placement()).algorithm
     timeout_s = cluster.job_timeout().total_seconds()
     _controller = Controller(info.rank, info.world_size, timeout_s, algorithm)
     cluster.on_shutdown(shutdown)  # before lb.shutdown destroys the process group

@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from longboat.collective.buckets import BucketPlan
-from longboat.collective.engine import build_reducer
+from longboat.collective.engine import build_reducer, live_placement
+from longboat.collective.plan import resolve
 from longboat.collective.reducer import Reducer
 from longboat.comm import algorithms
 from longboat.comm.exchange import allgather_bytes
@@ -400,14 +401,15 @@ def _reducer(
 ) -> tuple[Reducer, list[Any], int]:
     """The core reducer over every rank, or over ``process_set``'s gradient group; with the
     number of ranks it averages over. The parameters are checked first."""
+    resolved = resolve(strategy, live_placement())
     if process_set is None or process_set is global_process_set:
         _check_same_everywhere(named)
-        reducer, compressors = build_reducer(named, strategy, optimizer, plan)
+        reducer, compressors = build_reducer(named, resolved, optimizer, plan)
         return reducer, compressors, basics.size()
     group = process_set.groups[2]
     _check_same_everywhere(named, group)
     comms = ([group], [algorithms.make("native", group)])
-    reducer, compressors = build_reducer(named, strategy, optimizer, plan, communicators=comms)
+    reducer, compressors = build_reducer(named, resolved, optimizer, plan, communicators=comms)
     world = set_size(process_set)
     reducer.world_size = world  # the core sizes it from the job; the set is smaller
     return reducer, compressors, world

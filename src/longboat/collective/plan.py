@@ -1,0 +1,244 @@
+"""One resolution of a Strategy into what collective training runs with: a frozen plan.
+
+``resolve(strategy, placement)`` is pure: it reads the Strategy's fields and the placement of
+the ranks it is given (never the live cluster) and returns a :class:`CollectivePlan`. The
+engine builds communicators, reducer, compressors and wrappers from the plan; the auto-tuner's
+candidates are variants of its :class:`CommPlan`; the simulator resolves the same Strategy on
+the cluster it is asked about; the cluster line prints the plan's choice. So every consumer
+sees the same answer to "which algorithm, how large the buckets, how many communicators".
+
+The rule for settings the topology decides: the user's value where the Strategy's field was
+set (any source but the default), else the topology's (`longboat.cluster.topology.comm_defaults`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from longboat.cluster.topology import comm_defaults
+from longboat.registry import ALGORITHMS, COMPRESSORS, Entry
+
+if TYPE_CHECKING:
+    from longboat.strategy import Strategy
+
+TOPOLOGY = "topology"
+"""The default ``allreduce_algorithm``: chosen from the placement of the ranks (no trial)."""
+
+TUNABLE = ("algorithm", "bucket_mb", "communicators")
+"""The :class:`CommPlan` settings ``Strategy(auto=True)`` may try other values of."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Placement:
+    """Where the ranks of a group run."""
+
+    node_of: tuple[int, ...]
+    """The node index of each rank of the group, by rank."""
+    backend: str
+    """``"gloo"`` or ``"nccl"``."""
+    spans_world: bool = True
+    """The group is the whole world (hierarchical allreduce makes sub-groups of it)."""
+
+    @classmethod
+    def of(cls, node_of: Sequence[int], backend: str, spans_world: bool = True) -> Placement:
+        return cls(node_of=tuple(node_of), backend=backend, spans_world=spans_world)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommPlan:
+    """How gradient buckets travel."""
+
+    algorithm: str
+    """The registered allreduce algorithm every communicator runs."""
+    reason: str
+    """Why: the topology's reason (``"one node, CPU"``) or ``"set by the strategy"``."""
+    broadcast: bool
+    """The start-up broadcast of rank 0's state goes through the algorithm."""
+    fuse: bool
+    """``fuse_all_reduce_ops``: False sends one allreduce per gradient tensor."""
+    bucket_mb: float
+    """The bucket cap in MB (``fuse_grad_size_in_MB``, or the topology's)."""
+    layers_per_bucket: int
+    """At most this many layers per bucket (``fuse_grad_size_in_TFLOPS``, read as Fleet does)."""
+    last_bucket_mb: float
+    """The cap of the final bucket(s) (``last_comm_group_size_MB``)."""
+    communicators: int
+    """Process groups the buckets are spread over (``nccl_comm_num``, or the topology's)."""
+    serial: bool
+    """``sync_nccl_allreduce``: one allreduce in flight per communicator."""
+    tunable: frozenset[str] = frozenset()
+    """The names of `TUNABLE` the user left at their defaults (``auto`` may change them)."""
+
+    def describe(self) -> str:
+        """E.g. ``shm (one node, CPU)``."""
+        return f"{self.algorithm} ({self.reason})"
+
+    def settings(self) -> str:
+        """The tuned settings in the Strategy's words."""
+        return (
+            f"algorithm={self.algorithm}, fuse_grad_size_in_MB={self.bucket_mb:g}, "
+            f"nccl_comm_num={self.communicators}"
+        )
+
+    def with_settings(self, algorithm: str, bucket_mb: float, communicators: int) -> CommPlan:
+        """This plan with other tuned settings (an auto-tuner candidate)."""
+        reason = self.reason if algorithm == self.algorithm else "tried by auto"
+        return replace(
+            self,
+            algorithm=algorithm,
+            reason=reason,
+            broadcast=ALGORITHMS.entry(algorithm).broadcast,
+            bucket_mb=float(bucket_mb),
+            communicators=int(communicators),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompressionPlan:
+    """The gradient compressor and its configuration."""
+
+    name: str
+    """A registered compressor (``none`` only counts bytes)."""
+    config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Its ``<name>_configs``, as plain values."""
+    lossy: bool = False
+    """Lossy compressors get the used-parameter flags sent apart, exactly."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MergePlan:
+    """Gradient merge: communicate every ``k_steps`` backward passes."""
+
+    k_steps: int
+    avg: bool
+    """Divide the merged sum by ``k_steps`` (Fleet's ``avg``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LocalSGDPlan:
+    """Local SGD: average parameters every k steps instead of allreducing gradients."""
+
+    adaptive: bool
+    """``adaptive_localsgd``: k follows the loss."""
+    k_steps: int
+    """k (the initial k when adaptive)."""
+    begin_step: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectivePlan:
+    """Everything collective training runs with, resolved once from a Strategy."""
+
+    comm: CommPlan
+    compression: CompressionPlan
+    amp: Mapping[str, Any] | None
+    """``amp_configs`` when AMP is on, else None."""
+    merge: MergePlan | None
+    local_sgd: LocalSGDPlan | None
+    find_unused_parameters: bool
+    sync_batch_norm: bool
+    coalesce_broadcast: bool
+    """``fuse_broadcast_ops``: the start-up broadcast in one message per dtype."""
+    auto: bool
+    """``Strategy(auto=True)``: try other `CommPlan` settings on the first steps."""
+
+    @property
+    def label(self) -> str:
+        """The algorithm as the timeline names it (``native+fp16`` under fp16 allreduce)."""
+        return (
+            f"{self.comm.algorithm}+fp16"
+            if self.compression.name == "fp16"
+            else self.comm.algorithm
+        )
+
+    @property
+    def k_steps(self) -> int:
+        return self.merge.k_steps if self.merge is not None else 1
+
+
+def resolve(strategy: Strategy, placement: Placement) -> CollectivePlan:
+    """The plan ``strategy`` runs with on ``placement`` (pure: no collective, no live state)."""
+    return CollectivePlan(
+        comm=resolve_comm(strategy, placement),
+        compression=resolve_compression(strategy),
+        amp=MappingProxyType(dict(strategy.amp_configs)) if strategy.amp else None,
+        merge=_merge(strategy),
+        local_sgd=_local_sgd(strategy),
+        find_unused_parameters=bool(strategy.find_unused_parameters),
+        sync_batch_norm=bool(strategy.sync_batch_norm),
+        coalesce_broadcast=bool(strategy.fuse_broadcast_ops),
+        auto=bool(strategy.auto),
+    )
+
+
+def resolve_comm(strategy: Strategy, placement: Placement) -> CommPlan:
+    """The algorithm, buckets and communicators: the user's values, else the topology's."""
+    rule = comm_defaults(placement.node_of, placement.backend, placement.spans_world)
+
+    def user_set(*names: str) -> bool:
+        return any(strategy.source(name) != "default" for name in names)
+
+    if strategy.use_hierarchical_allreduce:
+        algorithm, reason = "hierarchical", "use_hierarchical_allreduce"
+    elif str(strategy.allreduce_algorithm) == TOPOLOGY:
+        algorithm, reason = rule.algorithm, rule.reason
+    else:
+        algorithm, reason = str(strategy.allreduce_algorithm), "set by the strategy"
+    bucket = strategy.fuse_grad_size_in_MB if user_set("fuse_grad_size_in_MB") else None
+    comms = strategy.nccl_comm_num if user_set("nccl_comm_num") else None
+    tunable = {
+        "algorithm": not user_set("allreduce_algorithm", "use_hierarchical_allreduce"),
+        "bucket_mb": bool(strategy.fuse_all_reduce_ops) and bucket is None,
+        "communicators": comms is None,
+    }
+    return CommPlan(
+        algorithm=algorithm,
+        reason=reason,
+        broadcast=ALGORITHMS.entry(algorithm).broadcast,
+        fuse=bool(strategy.fuse_all_reduce_ops),
+        bucket_mb=float(rule.fuse_grad_size_in_MB if bucket is None else bucket),
+        layers_per_bucket=int(strategy.fuse_grad_size_in_TFLOPS),
+        last_bucket_mb=float(strategy.last_comm_group_size_MB),
+        communicators=int(rule.nccl_comm_num if comms is None else comms),
+        serial=bool(strategy.sync_nccl_allreduce),
+        tunable=frozenset(name for name, free in tunable.items() if free),
+    )
+
+
+def selected_compressor(strategy: Strategy) -> Entry:
+    """The compressor ``strategy`` selects: one whose ``switch`` field is on, else ``fp16``
+    under ``fp16_allreduce``, else ``gradient_compression`` ('none' counts bytes only)."""
+    for entry in COMPRESSORS.entries():
+        if entry.switch is not None and getattr(strategy, entry.switch) is True:
+            return entry
+    name = "fp16" if strategy.fp16_allreduce else str(strategy.gradient_compression)
+    return COMPRESSORS.entry(name)
+
+
+def resolve_compression(strategy: Strategy) -> CompressionPlan:
+    """The selected compressor with its ``<name>_configs`` as a plain mapping."""
+    entry = selected_compressor(strategy)
+    config: dict[str, Any] = {}
+    if entry.config is not None:
+        config = entry.config.plain(getattr(strategy, f"{entry.name}_configs"))
+    return CompressionPlan(name=entry.name, config=MappingProxyType(config), lossy=entry.lossy)
+
+
+def _merge(strategy: Strategy) -> MergePlan | None:
+    if not strategy.gradient_merge:
+        return None
+    c = strategy.gradient_merge_configs
+    return MergePlan(k_steps=int(c["k_steps"]), avg=bool(c["avg"]))
+
+
+def _local_sgd(strategy: Strategy) -> LocalSGDPlan | None:
+    if strategy.localsgd:
+        c = strategy.localsgd_configs
+        return LocalSGDPlan(adaptive=False, k_steps=c["k_steps"], begin_step=c["begin_step"])
+    if strategy.adaptive_localsgd:
+        c = strategy.adaptive_localsgd_configs
+        return LocalSGDPlan(adaptive=True, k_steps=c["init_k_steps"], begin_step=c["begin_step"])
+    return None
