@@ -15,10 +15,12 @@ each ``L_r`` is a mean over equally sized local batches.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.autograd.function import FunctionCtx, once_differentiable
+from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from longboat.trace.stall import waiting
@@ -42,12 +44,24 @@ def _reduce_dims(x: torch.Tensor) -> list[int]:
     return [0, *range(2, x.dim())]
 
 
+class _Ctx(Protocol):
+    """What the forward of `_SyncBatchNormFn` keeps for its backward (autograd's ctx)."""
+
+    count: torch.Tensor | float
+    group: dist.ProcessGroup | None
+    names: tuple[str, str]
+    saved_tensors: tuple[torch.Tensor, ...]
+    needs_input_grad: tuple[bool, ...]
+
+    def save_for_backward(self, *tensors: torch.Tensor | None) -> None: ...
+
+
 class _SyncBatchNormFn(torch.autograd.Function):
     """Global-batch normalisation; both passes do exactly one allreduce on ``group``."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: FunctionCtx,
+        ctx: _Ctx,
         x: torch.Tensor,
         weight: torch.Tensor | None,
         bias: torch.Tensor | None,
@@ -95,30 +109,30 @@ class _SyncBatchNormFn(torch.autograd.Function):
         if bias is not None:
             y = y + bias.to(cd).view(shape)
         ctx.save_for_backward(x, weight, mean_c, invstd_c)
-        ctx.count, ctx.group, ctx.names = count, group, names  # type: ignore[attr-defined]
+        ctx.count, ctx.group, ctx.names = count, group, names
         return y.to(x.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(  # type: ignore[override]
-        ctx: FunctionCtx, grad_out: torch.Tensor
+        ctx: _Ctx, grad_out: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
-        x, weight, mean, invstd = ctx.saved_tensors  # type: ignore[attr-defined]
+        x, weight, mean, invstd = ctx.saved_tensors
         channels, dims, shape = x.shape[1], _reduce_dims(x), _channel_shape(x)
         cd = mean.dtype
         dy = grad_out.to(cd)
         x_hat = (x.to(cd) - mean.view(shape)) * invstd.view(shape)
         sum_dy = dy.sum(dims, dtype=_ACC)
         sum_dy_xhat = (dy * x_hat).sum(dims, dtype=_ACC)
-        needs = ctx.needs_input_grad  # type: ignore[attr-defined]
+        needs = ctx.needs_input_grad
 
         grad_x = None
         if needs[0]:
             sums = torch.cat([sum_dy, sum_dy_xhat])
-            with waiting(ctx.names[1], ctx.group):  # type: ignore[attr-defined]
-                dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=ctx.group)  # type: ignore[attr-defined]
-            mean_dy = (sums[:channels] / ctx.count).to(cd)  # type: ignore[attr-defined]
-            mean_dy_xhat = (sums[channels:] / ctx.count).to(cd)  # type: ignore[attr-defined]
+            with waiting(ctx.names[1], ctx.group):
+                dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=ctx.group)
+            mean_dy = (sums[:channels] / ctx.count).to(cd)
+            mean_dy_xhat = (sums[channels:] / ctx.count).to(cd)
             scale = invstd if weight is None else invstd * weight.to(cd)
             grad_x = (dy - mean_dy.view(shape) - x_hat * mean_dy_xhat.view(shape)) * scale.view(
                 shape
