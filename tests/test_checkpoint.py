@@ -321,6 +321,7 @@ _RESUMING_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # slow tier: restarts and kills ranks
 def test_group_restart_resumes_from_last_checkpoint(tmp_path: Path) -> None:
     import json
 

@@ -24,6 +24,8 @@ from tests.compat import hvd_elastic_probe as probe
 from tests.elastic import _cluster
 from tests.elastic._replay import replay_steps
 
+pytestmark = pytest.mark.slow  # slow tier: Horovod elastic runs that lose and gain nodes
+
 SAMPLES = 96
 
 

@@ -19,7 +19,10 @@ from tests.elastic._cluster import PROBE
 from tests.elastic.test_elastic_launch import SAMPLES, _check_against_replay
 from tests.launch.test_emulate import _leftovers, needs_netns, run_id  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(150),
+]  # slow tier: elastic nodes killed, cut and added across emulated nodes
 
 
 def _emulate(

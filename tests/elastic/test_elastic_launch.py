@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from tests.elastic._cluster import local_cluster
 from tests.elastic._replay import replay
+
+pytestmark = pytest.mark.slow  # slow tier: elastic launchers that lose, gain and hang nodes
 
 SAMPLES = 96
 

@@ -23,7 +23,10 @@ import pytest
 
 from longboat.launch import emulate, netns
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(120),
+]  # slow tier: emulated nodes in network namespaces
 
 PROBE = Path(__file__).with_name("emulate_probe.py")
 GBIT = 1e9

@@ -24,7 +24,10 @@ from longboat.launch import emulate, faults, netns
 from longboat.launch.faults import Fault, FaultError, When
 from tests.launch.test_emulate import _leftovers, _processes_mentioning, needs_netns
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(120),
+]  # slow tier: fault injection across emulated nodes
 
 PROBE = Path(__file__).with_name("fault_probe.py")
 

@@ -142,6 +142,7 @@ def test_bad_option_is_explained(tmp_path):
     assert "--master HOST:PORT" in done.stdout
 
 
+@pytest.mark.slow  # slow tier: restarts and kills ranks
 def test_max_restarts_resumes_from_checkpoint_and_matches_uninterrupted(tmp_path):
     probe = str(Path(__file__).with_name("restart_probe.py"))
     finals = {}
@@ -187,6 +188,7 @@ def summary_of(done: Launched) -> list[str]:
     return lines[start:]
 
 
+@pytest.mark.slow  # slow tier: restarts and kills ranks
 def test_sigkilled_rank_is_named_before_the_rank_the_launcher_stopped(tmp_path):
     """Rank 1 SIGKILLs itself while rank 0 waits in an allreduce. Rank 0 then raises too
     ("Connection reset by peer") and is stopped by the launcher while exiting; whichever of

@@ -24,6 +24,8 @@ from tests._dist import free_port
 from tests.collective import _workloads as W
 from tests.ps._harness import server_processes, servers
 
+pytestmark = pytest.mark.slow  # slow tier: fault injection: killed servers, hostile floods
+
 X, Y = W.data(W.Config())
 
 

@@ -26,7 +26,11 @@ from tests.launch.test_emulate import _leftovers, _processes_mentioning, needs_n
 
 __all__ = ["run_id"]  # the fixture, used by name
 
-pytestmark = [pytest.mark.timeout(120), needs_netns]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(120),
+    needs_netns,
+]  # slow tier: parameter servers across emulated nodes
 
 SCRIPT = Path(__file__).with_name("multinode_train.py")
 

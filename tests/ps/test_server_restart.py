@@ -26,7 +26,7 @@ from tests.collective import _workloads as W
 from tests.ps._harness import server_processes
 from tests.ps.test_faults import _all, _engines, _step, _steps
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # slow tier: killed and restarted servers
 
 
 def _reference() -> dict[str, torch.Tensor]:

@@ -25,7 +25,10 @@ from longboat.ps.client import PSError
 from longboat.ps.sparse import SparseEmbedding
 from tests.ps._harness import server_processes
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+]  # slow tier: killed and restarted servers with sparse tables
 
 DIM, CLASSES, BATCH, SLOT_IDS = 4, 3, 8, 5
 STEPS, EVERY, KILL_AT = 12, 3, 8  # server 1 dies after step 7: its newest checkpoint is step 6

@@ -20,6 +20,8 @@ from longboat.trace import recorder as recorder_mod
 from longboat.trace.recorder import Recorder, finished, load, rank_path, read_events
 from tests.trace.test_stats import assert_timeline_cli_works
 
+pytestmark = pytest.mark.slow  # slow tier: timeline memory over a long run (soak)
+
 BUCKETS = 4
 EVENTS_PER_STEP = 5 + 2 * BUCKETS  # data, forward, backward, wait, optimizer + per bucket 2
 
