@@ -79,8 +79,10 @@ def collective_plan(strategy: Strategy, cluster: Cluster) -> CollectivePlan:
     plan = resolve_plan(strategy, Placement.of(node_of, cluster.resolved_backend()))
     by_topology = str(strategy.allreduce_algorithm) == TOPOLOGY
     chosen = plan.comm.algorithm
-    if by_topology and not strategy.use_hierarchical_allreduce and not cost.applicable(
-        chosen, cluster
+    if (
+        by_topology
+        and not strategy.use_hierarchical_allreduce
+        and not cost.applicable(chosen, cluster)
     ):  # Gloo's shared-memory rule on ranks without a host link
         plan = replace(plan, comm=replace(plan.comm, algorithm="native"))
     return plan
