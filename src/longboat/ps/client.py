@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from longboat.ps import auth, wire
+from longboat.ps.request import PULL_AFTER_PUSH
 from longboat.ps.wire import Message
 from longboat.trace import stall as _stall
 
@@ -144,6 +145,15 @@ class Call:
 
     def done(self) -> bool:
         return self._future.done()
+
+    def waits_as(self) -> tuple[str, dict[str, Any]]:
+        """What this call waits on, as (method, meta): a push carrying the step's pull (its
+        reply is that pull's) waits as that pull."""
+        meta = self.msg.meta if self.msg is not None else {}
+        then = meta.get(PULL_AFTER_PUSH)
+        if self.method == "push" and isinstance(then, dict):
+            return "pull", then
+        return self.method, meta
 
     def keys(self) -> list[str]:
         """The blocks (and sparse tables) this call carries or asks for."""

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from longboat.ps.request import PULL_AFTER_PUSH
 from longboat.trace import observer as _observer
 from longboat.trace.recorder import Recorder
 from longboat.trace.stall import shown
@@ -67,7 +66,7 @@ class PSObserver:
         keys = call.keys()
         if keys:
             args["keys"] = f"{len(keys)}: {shown(keys)}"
-        method = call.method if waits_as(call)[0] == call.method else f"{call.method}+pull"
+        method = call.method if call.waits_as()[0] == call.method else f"{call.method}+pull"
 
         def done(future: Any) -> None:
             end = rec.now()
@@ -163,7 +162,7 @@ class StallExplainer:
 
     def explain(self, call: Any, waited: float) -> str:
         """The warning for ``call``, unanswered after ``waited`` seconds."""
-        method, meta = waits_as(call)
+        method, meta = call.waits_as()
         others = [t for t in range(self.trainers) if t != self.trainer]
         whom = self.whom(call) or (
             f"trainer {others[0]}" if len(others) == 1 else f"one or more of trainers {others}"
@@ -197,7 +196,7 @@ class StallExplainer:
 
     def whom(self, call: Any) -> str:
         """Ask the stalled call's server which trainers it still lacks ("" if it cannot say)."""
-        method, meta = waits_as(call)
+        method, meta = call.waits_as()
         if method == "barrier":
             question: dict[str, Any] = {"barrier": [meta.get("name", ""), meta.get("generation")]}
         elif method == "pull":
@@ -212,13 +211,3 @@ class StallExplainer:
             return ""
         names = ", ".join(str(t) for t in lacking)
         return f"trainer{'s' if len(lacking) > 1 else ''} {names} (the server says)"
-
-
-def waits_as(call: Any) -> tuple[str, dict[str, Any]]:
-    """What a call waits on, as (method, meta): a push carrying the step's pull (its reply is
-    that pull's) waits as that pull."""
-    meta = call.msg.meta if call.msg is not None else {}
-    then = meta.get(PULL_AFTER_PUSH)
-    if call.method == "push" and isinstance(then, dict):
-        return "pull", then
-    return call.method, meta
