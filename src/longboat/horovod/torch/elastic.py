@@ -116,7 +116,7 @@ def _rebuild_facade() -> None:
     basics.init()
     optimizers = live_optimizers()
     for optimizer in optimizers:
-        optimizer.rebuild()  # type: ignore[attr-defined]
+        optimizer.rebuild()
     _log.info(
         "rank %d of %d: hvd rebuilt with %d DistributedOptimizer(s)",
         basics.rank(),

@@ -36,6 +36,7 @@ import functools
 import json
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
@@ -70,7 +71,8 @@ _ZERO_GRAD_RACE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
     "optimizer.synchronize(). This is prohibited as it can cause a race condition."
 )
-_live: list[weakref.ref] = []  # every DistributedOptimizer made in this process, in order
+# every DistributedOptimizer made in this process, in order
+_live: list[weakref.ref[_DistributedOptimizer]] = []
 M = TypeVar("M", bound=torch.optim.Optimizer)
 
 
@@ -327,7 +329,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     return dopt
 
 
-def live_optimizers() -> list[torch.optim.Optimizer]:
+def live_optimizers() -> list[_DistributedOptimizer]:
     """The DistributedOptimizers of this process still in use, in the order they were made."""
     return [opt for opt in (ref() for ref in _live) if opt is not None]
 
@@ -372,8 +374,7 @@ def _named(
             "named_parameters should be a sequence of tuples (name, parameter), usually "
             "produced by model.named_parameters()."
         )
-    seen: set[str] = set()
-    dups = sorted({n for n, _ in named if n in seen or seen.add(n)})  # type: ignore[func-returns-value]
+    dups = sorted(n for n, count in Counter(n for n, _ in named).items() if count > 1)
     if dups:
         raise ValueError(
             "Parameter names in named_parameters must be unique. Found duplicates: "

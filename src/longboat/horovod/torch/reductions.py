@@ -7,7 +7,7 @@ The differentiable forms define gradients for the sum of every rank's loss, as H
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -135,10 +135,20 @@ def allreduce_(
     )
 
 
+class _ReduceCtx(Protocol):
+    """What the allreduce Functions' forward keeps for the backward (autograd's ctx): the
+    backward reduces the gradients with the same op, scaling and process set."""
+
+    op: ReduceOp
+    pre: float
+    post: float
+    process_set: ProcessSet
+
+
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
+    def forward(
+        ctx: _ReduceCtx,
         tensor: torch.Tensor,
         name: str | None,
         op: ReduceOp,
@@ -150,7 +160,7 @@ class _Allreduce(torch.autograd.Function):
         return synchronize(allreduce_async(tensor, None, name, op, pre, post, process_set))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: _ReduceCtx, grad: torch.Tensor) -> tuple[Any, ...]:
         reduced = allreduce(
             grad,
             op=ctx.op,
@@ -266,8 +276,8 @@ def grouped_allreduce_(
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
+    def forward(
+        ctx: _ReduceCtx,
         name: str | None,
         op: ReduceOp,
         pre: float,
@@ -280,7 +290,7 @@ class _GroupedAllreduce(torch.autograd.Function):
         return tuple(synchronize(handle))
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: _ReduceCtx, *grads: torch.Tensor) -> tuple[Any, ...]:
         reduced = grouped_allreduce(
             list(grads),
             op=ctx.op,

@@ -11,7 +11,7 @@ set (broadcast's only reach the root); reducescatter allgathers them, times the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -81,10 +81,17 @@ def _own_rows(grads: list[torch.Tensor], rows: list[int], process_set: Any) -> l
     return [g.narrow(0, int(o), n) for g, o, n in zip(grads, offsets, rows, strict=True)]
 
 
+class _AllgatherCtx(Protocol):
+    """What `_Allgather`'s forward keeps for its backward (autograd's ctx)."""
+
+    rows: list[int]
+    ps: ProcessSet
+
+
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, name: str | None, grouped: bool, ps: Any, *tensors: torch.Tensor
+    def forward(
+        ctx: _AllgatherCtx, name: str | None, grouped: bool, ps: Any, *tensors: torch.Tensor
     ) -> Any:
         ctx.rows, ctx.ps = [t.shape[0] for t in tensors], ps
         if not grouped:
@@ -92,7 +99,7 @@ class _Allgather(torch.autograd.Function):
         return tuple(synchronize(grouped_allgather_async(list(tensors), name, ps)))
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: _AllgatherCtx, *grads: torch.Tensor) -> tuple[Any, ...]:
         reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average, process_set=ctx.ps)
         return (None, None, None, *_own_rows(reduced, ctx.rows, ctx.ps))
 
@@ -174,16 +181,23 @@ def broadcast_(
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
+class _BroadcastCtx(Protocol):
+    """What `_Broadcast`'s forward keeps for its backward (autograd's ctx)."""
+
+    root: int
+    ps: ProcessSet
+
+
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, tensor: torch.Tensor, root: int, name: str | None, ps: Any
+    def forward(
+        ctx: _BroadcastCtx, tensor: torch.Tensor, root: int, name: str | None, ps: Any
     ) -> torch.Tensor:
         ctx.root, ctx.ps = _local_root(root, ps), ps
         return synchronize(broadcast_async(tensor, root, name, ps))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: _BroadcastCtx, grad: torch.Tensor) -> tuple[Any, ...]:
         reduced = allreduce(grad, op=Average, process_set=ctx.ps)
         if set_rank(ctx.ps) != ctx.root:
             reduced = reduced * 0
@@ -235,10 +249,19 @@ def alltoall_async(
     return register([submit(ALLTOALL, tensor, name, None, process_set, splits=chosen)])
 
 
+class _AlltoallCtx(Protocol):
+    """What `_Alltoall`'s forward keeps for its backward (autograd's ctx)."""
+
+    received: torch.Tensor
+    ps: ProcessSet
+
+    def mark_non_differentiable(self, *args: torch.Tensor) -> None: ...
+
+
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, ps: Any
+    def forward(
+        ctx: _AlltoallCtx, tensor: torch.Tensor, splits: Any, name: str | None, ps: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         output, received = synchronize(alltoall_async(tensor, splits, name, ps))
         ctx.received, ctx.ps = received, ps
@@ -246,7 +269,7 @@ class _Alltoall(torch.autograd.Function):
         return output, received
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: _AlltoallCtx, grad: torch.Tensor, _: Any) -> tuple[Any, ...]:
         back, _received = alltoall(grad.contiguous(), splits=ctx.received, process_set=ctx.ps)
         return back, None, None, None
 
@@ -332,10 +355,18 @@ def grouped_reducescatter_async(
     return register(works, grouped=True)
 
 
+class _ReducescatterCtx(Protocol):
+    """What `_Reducescatter`'s forward keeps for its backward (autograd's ctx)."""
+
+    op: ReduceOp
+    scale: float
+    ps: ProcessSet
+
+
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
+    def forward(
+        ctx: _ReducescatterCtx,
         name: str | None,
         grouped: bool,
         op: ReduceOp,
@@ -351,7 +382,7 @@ class _Reducescatter(torch.autograd.Function):
         return tuple(synchronize(handle))
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: _ReducescatterCtx, *grads: torch.Tensor) -> tuple[Any, ...]:
         gathered = grouped_allgather([g.contiguous() for g in grads], process_set=ctx.ps)
         factor = ctx.scale * (set_size(ctx.ps) if ctx.op == Sum else 1)
         return (None, None, None, None, None, None, *(g * factor for g in gathered))
