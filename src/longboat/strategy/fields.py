@@ -38,6 +38,7 @@ from longboat.strategy.spec import (
 from longboat.strategy.values import (
     Bool,
     Choice,
+    Config,
     Float,
     Int,
     OptionalPath,
@@ -53,13 +54,15 @@ _GRAPH_PASS = (
 )
 
 
-def _outside(name: str, what: str, reason: str, config: object = None) -> tuple[FieldSpec, ...]:
+def _outside(
+    name: str, what: str, reason: str, config: Config | None = None
+) -> tuple[FieldSpec, ...]:
     """The ``name`` switch and its ``name_configs`` (if ``config``), refused when used."""
     status = outside_data_parallel(reason)
     switch = FieldSpec(name, Bool(), False, what, status)
     if config is None:
         return (switch,)
-    return switch, FieldSpec(f"{name}_configs", config, None, f"{what}: settings", status)  # type: ignore[arg-type]
+    return switch, FieldSpec(f"{name}_configs", config, None, f"{what}: settings", status)
 
 
 _ONE_REPLICA = (

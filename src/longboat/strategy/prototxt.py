@@ -195,6 +195,11 @@ class _Parser:
     def peek(self) -> _Tok | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
 
+    def at(self, *texts: str) -> bool:
+        """Whether the next token is one of ``texts`` (False at the end)."""
+        tok = self.peek()
+        return tok is not None and tok.text in texts
+
     def take(self, text: str | None = None) -> _Tok:
         tok = self.peek()
         if tok is None or (text is not None and tok.text != text):
@@ -214,7 +219,7 @@ class _Parser:
             name = self.take()
             if name.kind != "name":
                 raise self.error(f"expected a field name, found {name.text!r}", name)
-            colon = self.peek() is not None and self.peek().text == ":"  # type: ignore[union-attr]
+            colon = self.at(":")
             if colon:
                 self.take(":")
             nxt = self.peek()
@@ -228,15 +233,15 @@ class _Parser:
                 entries.append(_Entry(name.text, self.list(), name.line))
             else:
                 entries.append(_Entry(name.text, self.scalar(), name.line))
-            if self.peek() is not None and self.peek().text in (",", ";"):  # type: ignore[union-attr]
+            if self.at(",", ";"):
                 self.take()
 
     def list(self) -> list[Any]:
         self.take("[")
         items: list[Any] = []
-        while self.peek() is not None and self.peek().text != "]":  # type: ignore[union-attr]
+        while self.peek() is not None and not self.at("]"):
             items.append(self.scalar())
-            if self.peek() is not None and self.peek().text == ",":  # type: ignore[union-attr]
+            if self.at(","):
                 self.take(",")
         self.take("]")
         return items

@@ -83,8 +83,12 @@ def _in_range(x: float, lo: float | None, hi: float | None, lo_open: bool, hi_op
 class ValueType:
     """Base of the scalar and list types; subclasses define ``short``, ``check``, ``parse``."""
 
-    short: str = "value"
     lazy: bool = False  # True: its valid values are known only when first checked
+
+    @property
+    def short(self) -> str:
+        """The value's type in a few words (a field of some subclasses, computed by others)."""
+        return "value"
 
     def describe(self) -> str:
         """What a valid value is, for error messages."""
@@ -136,7 +140,7 @@ class Int(ValueType):
     hi: int | None = None
 
     @property
-    def short(self) -> str:  # type: ignore[override]
+    def short(self) -> str:
         return "int" + _range_text(self.lo, self.hi, False, False)
 
     def check(self, value: Any) -> int:
@@ -169,7 +173,7 @@ class Float(ValueType):
     hi_open: bool = False
 
     @property
-    def short(self) -> str:  # type: ignore[override]
+    def short(self) -> str:
         return "float" + _range_text(self.lo, self.hi, self.lo_open, self.hi_open)
 
     def check(self, value: Any) -> float:
@@ -196,7 +200,7 @@ class Choice(ValueType):
     choices: tuple[str, ...] = ()
 
     @property
-    def short(self) -> str:  # type: ignore[override]
+    def short(self) -> str:
         return "one of " + ", ".join(repr(c) for c in self.choices)
 
     def check(self, value: Any) -> str:
@@ -227,7 +231,7 @@ class RegistryChoice(ValueType):
         return tuple(self.options())
 
     @property
-    def short(self) -> str:  # type: ignore[override]
+    def short(self) -> str:
         return "one of " + ", ".join(repr(c) for c in self.choices)
 
     def check(self, value: Any) -> str:
@@ -313,7 +317,7 @@ class FloatList(ValueType):
     item: Float = Float()
 
     @property
-    def short(self) -> str:  # type: ignore[override]
+    def short(self) -> str:
         bounds = _range_text(self.item.lo, self.item.hi, self.item.lo_open, self.item.hi_open)
         return f"non-empty list[float], each{bounds}" if bounds else "non-empty list[float]"
 
@@ -380,7 +384,7 @@ class SubConfig(ValueType):
     config: Config = Config(())
 
     @property
-    def short(self) -> str:  # type: ignore[override]
+    def short(self) -> str:
         return "dict with keys " + ", ".join(self.config.names())
 
     def check(self, value: Any) -> dict[str, Any]:

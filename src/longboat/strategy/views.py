@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from longboat.strategy.core import Strategy
 
 
-class ReadOnlyList(list):  # type: ignore[type-arg]
+class ReadOnlyList(list[Any]):
     """A list read from a config; mutate it by assigning a new list to the config key."""
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
@@ -36,8 +36,8 @@ class ReadOnlyList(list):  # type: ignore[type-arg]
             "e.g. strategy.amp_configs['custom_white_list'] = [...]"
         )
 
-    append = extend = insert = remove = pop = clear = sort = reverse = _refuse  # type: ignore[assignment]
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
 
 
 def outward(value: Any) -> Any:
