@@ -177,7 +177,7 @@ class KVStore:
                 f"row_sparse_pull of {len(keys)} keys needs a list of row_ids, one per key; "
                 "got one tensor"
             )
-        ids_per_key = [row_ids] if single else list(row_ids)  # type: ignore[arg-type]
+        ids_per_key = [row_ids] if single else list(row_ids)
         if len(ids_per_key) != len(keys):
             raise InvalidArgumentError(
                 f"row_sparse_pull: {len(keys)} keys but {len(ids_per_key)} row_ids"
@@ -352,8 +352,7 @@ class KVStore:
         key = self._keys[name]
         if any(isinstance(p, RowSparse) for p in parts):
             self._check_sparse_push(key)
-            parts = [p.to_dense() if isinstance(p, RowSparse) else p for p in parts]
-        dense: list[torch.Tensor] = parts  # type: ignore[assignment]
+        dense = [p.to_dense() if isinstance(p, RowSparse) else p for p in parts]
         self._check_same_shape("push", key, dense)
         self._check_shape("push", key, dense[0].shape, self._shapes[name])
         if self._compress is not None and not self._kind.dist:
@@ -430,9 +429,12 @@ class KVStore:
             total += p.to(where)
         return total
 
-    def _split(self, what: str, key: Key, value: Value) -> list[Part]:
-        parts = [value] if isinstance(value, torch.Tensor | RowSparse) else list(value)
-        if not parts or not all(isinstance(p, torch.Tensor | RowSparse) for p in parts):
+    def _split(self, what: str, key: Key, value: Value | Sequence[Value]) -> list[Part]:
+        """A key's per-device parts: ``value`` itself or its items, each a tensor or RowSparse
+        (anything else, such as a nested list, is refused)."""
+        given = [value] if isinstance(value, torch.Tensor | RowSparse) else list(value)
+        parts = [p for p in given if isinstance(p, torch.Tensor | RowSparse)]
+        if not parts or len(parts) != len(given):
             raise TypeError(f"{what} {key!r}: give a tensor or a non-empty list of tensors")
         return [p.detach() for p in parts]
 
@@ -442,8 +444,12 @@ class KVStore:
         """(key, its per-device parts) for a key and value, or lists of both."""
         if isinstance(key, int | str):
             self._check_key(what, key)
-            return [(key, self._split(what, key, value))]  # type: ignore[arg-type]
-        keys, values = list(key), list(value)  # type: ignore[arg-type]
+            return [(key, self._split(what, key, value))]
+        if isinstance(value, RowSparse):  # not iterable: a TypeError, as list() would raise
+            raise TypeError(
+                f"{what} of a list of keys needs a list of values, one per key; got one RowSparse"
+            )
+        keys, values = list(key), list(value)
         self._check_same_type(keys)
         if len(keys) != len(values):
             raise ValueError(f"{what}: {len(keys)} keys but {len(values)} values")
@@ -455,8 +461,10 @@ class KVStore:
         self, what: str, key: Key | Sequence[Key], out: Any
     ) -> tuple[list[Key], list[Any]]:
         """The keys of a pull and one output (or None) per key."""
-        single = isinstance(key, int | str)
-        keys = [key] if single else list(key)  # type: ignore[list-item, arg-type]
+        if isinstance(key, int | str):
+            single, keys = True, [key]
+        else:
+            single, keys = False, list(key)
         self._check_same_type(keys)
         for k in keys:
             self._check_key(what, k)
@@ -471,7 +479,7 @@ class KVStore:
             outs = list(out)
         if len(outs) != len(keys):
             raise InvalidArgumentError(f"{what}: {len(keys)} keys but {len(outs)} outputs")
-        return keys, outs  # type: ignore[return-value]
+        return keys, outs
 
     @staticmethod
     def _check_same_type(keys: Sequence[Any]) -> None:
