@@ -192,7 +192,10 @@ def summary_table(stats: Sequence[RankStats]) -> str:
 
 def mean(stats: Sequence[RankStats]) -> RankStats:
     """Field-wise mean over ranks (rank -1)."""
-    fields = [k for k in RankStats.__dataclass_fields__ if k != "rank"]
-    values = {k: statistics.fmean(getattr(s, k) for s in stats) for k in fields}
-    values["steps"] = round(values["steps"])
-    return RankStats(rank=-1, **values)  # type: ignore[arg-type]
+    means = {
+        k: statistics.fmean(getattr(s, k) for s in stats)
+        for k in RankStats.__dataclass_fields__
+        if k not in ("rank", "steps")
+    }
+    steps = round(statistics.fmean(s.steps for s in stats))
+    return RankStats(rank=-1, steps=steps, **means)

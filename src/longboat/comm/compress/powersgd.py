@@ -257,17 +257,16 @@ class PowerSGD:
             else:
                 work.add_(state.error)
         mats = [self._matrix(work, m, state) for m in state.matrices]
+        starts: list[torch.Tensor] = []  # each matrix's Q: the last step's (warm start) or new
         for m, mat in zip(state.matrices, mats, strict=True):
             if m.q is None or not self.warm_start:
                 q = torch.randn(m.cols, m.rank, generator=self._generator, dtype=mat.dtype)
                 if mat.device.type == "cuda":  # from pinned memory: a copy that does not stall
                     q = q.pin_memory()
                 m.q = q.to(mat.device, non_blocking=True)
+            starts.append(m.q)
         dense = [work[o : o + n] for o, n in state.dense]
-        ps = [
-            torch.matmul(mat, orthonormalise(m.q))
-            for m, mat in zip(state.matrices, mats, strict=True)
-        ]  # type: ignore[arg-type]
+        ps = [torch.matmul(mat, orthonormalise(q)) for q, mat in zip(starts, mats, strict=True)]
         first = torch.cat([*dense, *(p.reshape(-1) for p in ps)])
         self.inner(first).wait()  # the uncompressed entries and every P, in one allreduce
         at = 0

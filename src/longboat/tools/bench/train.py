@@ -395,7 +395,7 @@ def rank_main(config: Config) -> dict[str, Any] | None:
     systems: dict[str, System] = {}
     ours, opt = _build(spec, device)
     model, opt = lb.distribute(ours, opt, lb.Strategy(**config.strategy))
-    systems["longboat"] = System(model, opt)  # type: ignore[arg-type]
+    systems["longboat"] = System(model, opt)
     theirs, opt = _build(spec, device)
     ids = [device.index] if device.type == "cuda" else None
     systems["ddp"] = baseline(nn.parallel.DistributedDataParallel(theirs, device_ids=ids), opt)
