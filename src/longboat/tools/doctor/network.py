@@ -8,6 +8,7 @@ import json
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from longboat.tools.doctor.checks import FAIL, INFO, PASS, WARN, Check, run_command
 from longboat.tools.doctor.fixes import fix_text
@@ -63,70 +64,101 @@ def recommend_interface(interfaces: Sequence[Interface], master: str | None) -> 
     return usable[0].name if usable else None
 
 
-def check_interfaces(interfaces: Sequence[Interface], env: Mapping[str, str]) -> list[Check]:
-    """The interfaces (virtual ones flagged) and GLOO/NCCL_SOCKET_IFNAME against them."""
-    names = {i.name for i in interfaces}
-    virtual = [i for i in interfaces if i.virtual and i.up]
-    best = recommend_interface(interfaces, env.get("MASTER_ADDR"))
-    listing = ", ".join(
+_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def _named_with_addresses(i: Interface) -> str:
+    """``eth0 10.0.0.2/10.0.0.3``: the name and any IPv4 addresses."""
+    return f"{i.name}{' ' + '/'.join(i.ipv4) if i.ipv4 else ''}"
+
+
+def _listing(interfaces: Sequence[Interface]) -> str:
+    """Every interface, virtual ones marked, with its IPv4 addresses."""
+    return ", ".join(
         f"{i.name}{' (virtual)' if i.virtual else ''}{' ' + '/'.join(i.ipv4) if i.ipv4 else ''}"
         for i in interfaces
     )
-    data = {
+
+
+def _ifname_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """The socket-interface variables that are set (non-empty), in a fixed order."""
+    return {v: env[v] for v in _IFNAME_VARS if env.get(v)}
+
+
+def _selected(var: str, value: str, names: set[str]) -> list[str]:
+    """The interface names a GLOO/NCCL_SOCKET_IFNAME value selects: Gloo's (and NCCL's with
+    ``=``) by exact name, NCCL's otherwise by prefix."""
+    wanted = [w for w in value.lstrip("^=").split(",") if w]
+    exact = var == "GLOO_SOCKET_IFNAME" or value.startswith("=")
+    return [n for n in names if any(n == w if exact else n.startswith(w) for w in wanted)]
+
+
+def _check_ifname(
+    var: str, value: str, names: set[str], listing: str, fix: str, data: dict[str, Any]
+) -> Check | None:
+    """One socket-interface variable against the interfaces; None for an exclusion list
+    (``^...``), which cannot be checked against one interface."""
+    if value.startswith("^"):
+        return None
+    matched = _selected(var, value, names)
+    if not matched:
+        return Check(var, FAIL, f"{var}={value} matches no interface here ({listing})", fix, data)
+    if all(n.startswith(VIRTUAL_PREFIXES) for n in matched):
+        return Check(
+            var,
+            WARN,
+            f"{var}={value} selects virtual interface(s) "
+            f"{', '.join(sorted(matched))}: other nodes may not reach them",
+            fix,
+            data,
+        )
+    return Check(var, PASS, f"{var}={value} selects {', '.join(sorted(matched))}")
+
+
+def _interfaces_check(
+    interfaces: Sequence[Interface],
+    listing: str,
+    ifname_set: bool,
+    best: str | None,
+    fix: str,
+    data: dict[str, Any],
+) -> Check:
+    """The summary: a WARN for virtual interfaces that are up when no socket interface is
+    named, else the listing and the recommendation."""
+    virtual = [i for i in interfaces if i.virtual and i.up]
+    if virtual and not ifname_set:
+        shown = ", ".join(_named_with_addresses(i) for i in virtual)
+        return Check(
+            "interfaces",
+            WARN,
+            f"virtual interface(s) {shown} are up; NCCL and "
+            f"Gloo may pick one and hang across nodes. All: {listing}",
+            fix,
+            data,
+        )
+    return Check(
+        "interfaces",
+        PASS,
+        f"{listing}; recommended: {best or 'none'}",
+        fix if best and not ifname_set else "",
+        data,
+    )
+
+
+def check_interfaces(interfaces: Sequence[Interface], env: Mapping[str, str]) -> list[Check]:
+    """The interfaces (virtual ones flagged) and GLOO/NCCL_SOCKET_IFNAME against them."""
+    names = {i.name for i in interfaces}
+    best = recommend_interface(interfaces, env.get("MASTER_ADDR"))
+    listing = _listing(interfaces)
+    data: dict[str, Any] = {
         "interfaces": [asdict(i) | {"virtual": i.virtual} for i in interfaces],
         "recommended": best,
     }
     fix = fix_text("socket ifname", interface=best) if best else fix_text("no interface")
-    checks: list[Check] = []
-    set_vars = {v: env[v] for v in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if env.get(v)}
-    for var, value in set_vars.items():
-        wanted = [w for w in value.lstrip("^=").split(",") if w]
-        if value.startswith("^"):
-            continue  # an exclusion list cannot be checked against one interface
-        exact = var == "GLOO_SOCKET_IFNAME" or value.startswith("=")
-        matched = [n for n in names if any(n == w if exact else n.startswith(w) for w in wanted)]
-        if not matched:
-            checks.append(
-                Check(var, FAIL, f"{var}={value} matches no interface here ({listing})", fix, data)
-            )
-        elif all(n.startswith(VIRTUAL_PREFIXES) for n in matched):
-            checks.append(
-                Check(
-                    var,
-                    WARN,
-                    f"{var}={value} selects virtual interface(s) "
-                    f"{', '.join(sorted(matched))}: other nodes may not reach them",
-                    fix,
-                    data,
-                )
-            )
-        else:
-            checks.append(Check(var, PASS, f"{var}={value} selects {', '.join(sorted(matched))}"))
-    if virtual and not set_vars:
-        shown = ", ".join(f"{i.name}{' ' + '/'.join(i.ipv4) if i.ipv4 else ''}" for i in virtual)
-        checks.insert(
-            0,
-            Check(
-                "interfaces",
-                WARN,
-                f"virtual interface(s) {shown} are up; NCCL and "
-                f"Gloo may pick one and hang across nodes. All: {listing}",
-                fix,
-                data,
-            ),
-        )
-    else:
-        checks.insert(
-            0,
-            Check(
-                "interfaces",
-                PASS,
-                f"{listing}; recommended: {best or 'none'}",
-                fix if best and not set_vars else "",
-                data,
-            ),
-        )
-    return checks
+    set_vars = _ifname_settings(env)
+    checked = [_check_ifname(v, value, names, listing, fix, data) for v, value in set_vars.items()]
+    summary = _interfaces_check(interfaces, listing, bool(set_vars), best, fix, data)
+    return [summary, *(c for c in checked if c is not None)]
 
 
 def check_hostname(multi_node: bool) -> Check:
