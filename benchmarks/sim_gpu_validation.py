@@ -4,9 +4,10 @@
 
 For every table of benchmarks/sim_gpu_published.yaml: the model's profile from its
 architecture (benchmarks/sim_gpu_models.py), the system as a cluster description, the run's
-communication as a Strategy; the table's 1-GPU row calibrates the compute efficiency
-(`longboat.sim.fit`), every other row is predicted with nothing else fitted and compared with the
-published throughput. A pure computation: no GPU, no timing.
+communication as a Strategy, its data loader where it has one; the table's 1-GPU row
+calibrates the compute efficiency (`longboat.sim.fit`), every other row is predicted with nothing
+else fitted and compared with the published throughput. A row marked ``held_out`` is where a
+default of the model comes from: it is shown, not counted. A pure computation: no GPU, no timing.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class Row:
     published_efficiency: float
     predicted_efficiency: float
     calibration: bool  # the 1-GPU row the compute efficiency was fitted to
+    held_out: bool = False  # a row a default of the model comes from (not a prediction)
+
+    @property
+    def predicts(self) -> bool:
+        return not (self.calibration or self.held_out)
 
     @property
     def error(self) -> float:
@@ -75,7 +81,8 @@ def cluster_of(data: dict[str, Any], table: dict[str, Any], gpus: int) -> Any:
         "precision": "tf32" if table["precision"] == "tf32" else "fp32",
         "optimizer_bytes_per_param": table["optimizer_bytes_per_param"],
     }
-    cluster = cluster_from_dict(system | {"nodes": max(1, gpus // per), "compute": compute})
+    extra = {"input": table["input"]} if "input" in table else {}
+    cluster = cluster_from_dict(system | extra | {"nodes": max(1, gpus // per), "compute": compute})
     return cluster.with_devices(gpus)
 
 
@@ -123,6 +130,7 @@ def validate(data: dict[str, Any] | None = None, only: str = "") -> list[Row]:
         prof = profile_of(table)
         ref = by_name[table.get("calibrate_with", table["name"])]
         gpus1, value1, k1 = next(r for r in _rows(ref) if r[0] == 1)
+        held = table.get("held_out", {}).get("gpus")
         step1 = table["batch"] * per_sample / value1
         base = calibrated(prof, cluster_of(data, table, 1), step1, strategy_of(table, k1))
         for gpus, value, k in _rows(table):
@@ -146,13 +154,14 @@ def validate(data: dict[str, Any] | None = None, only: str = "") -> list[Row]:
                     published_efficiency=value / (gpus * value1),
                     predicted_efficiency=predicted / (gpus * value1),
                     calibration=table is ref and gpus == 1,
+                    held_out=gpus == held,
                 )
             )
     return out
 
 
 def summary(rows: list[Row]) -> dict[str, float]:
-    errors = [abs(r.error) for r in rows if not r.calibration]
+    errors = [abs(r.error) for r in rows if r.predicts]
     return {
         "rows": len(errors),
         "median": statistics.median(errors),
@@ -190,6 +199,8 @@ def markdown(rows: list[Row]) -> str:
     ]
     for r in rows:
         error = "(calibration)" if r.calibration else f"{r.error:+.1%}"
+        if r.held_out:
+            error += " (held out)"
         if (r.table, r.gpus) in misses:
             error += " (miss)"
         lines.append(
@@ -202,6 +213,10 @@ def markdown(rows: list[Row]) -> str:
         f"\n{s['rows']} predicted rows: median |error| {s['median']:.1%}, max {s['max']:.1%}, "
         f"within 10 %: {s['within_10']}/{s['rows']}"
     )
+    for t in load()["tables"]:
+        if "held_out" in t:
+            why = " ".join(str(t["held_out"]["why"]).split())
+            lines.append(f"\nHeld out: {t['name']}, {t['held_out']['gpus']} GPUs: {why}")
     for name, why in excluded().items():
         lines.append(f"\nExcluded: {name}: {why}")
     return "\n".join(lines)
@@ -236,7 +251,7 @@ def main() -> int:
             str(r.accumulation),
             f"{r.published:,.1f}",
             f"{r.predicted:,.1f}",
-            "(fit)" if r.calibration else f"{r.error:+.1%}",
+            "(fit)" if r.calibration else f"{r.error:+.1%}" + (" (held out)" if r.held_out else ""),
             f"{r.published_efficiency:.1%} / {r.predicted_efficiency:.1%}",
         )
     console = Console()

@@ -88,12 +88,31 @@ def test_straggler_wait_grows_with_the_number_of_ranks() -> None:
     assert values[0] == 0 and values == sorted(values)
     assert values[1] == pytest.approx(0.5642, abs=1e-3) and values[3] == pytest.approx(1.4236, 1e-3)
     prof = resnet50_like()
-    waits = [simulate(prof, gpu(compute={"jitter": 0.02}).with_devices(n)).straggler_s
+    jitter = {"jitter": 0.02, "device_spread": 0.0}
+    waits = [simulate(prof, gpu(compute=jitter).with_devices(n)).straggler_s
              for n in (1, 2, 8, 32)]  # fmt: skip
     assert waits[0] == 0 and waits == sorted(waits) and waits[-1] > 0
     merged = Strategy(gradient_merge=True, gradient_merge_configs={"k_steps": 4})
-    one = simulate(prof, gpu(compute={"jitter": 0.02}), merged).straggler_s
+    one = simulate(prof, gpu(compute=jitter), merged).straggler_s
     assert one == pytest.approx(waits[-1] / 2, rel=0.05)  # spread over sqrt(4) micro-steps
+
+
+def test_persistent_device_spread_does_not_average_out() -> None:
+    prof = resnet50_like()
+    spread = {"jitter": 0.0, "device_spread": 0.02}
+    merged = Strategy(gradient_merge=True, gradient_merge_configs={"k_steps": 4})
+    single = simulate(prof, gpu(compute=spread))
+    four = simulate(prof, gpu(compute=spread), merged)
+    assert four.straggler_s == pytest.approx(single.straggler_s, rel=1e-6)  # per micro-step
+    wait = 0.02 * expected_max(32) * single.compute_s
+    assert single.straggler_s == pytest.approx(wait, rel=0.02)
+    assert simulate(prof, gpu().with_devices(1)).straggler_s == 0
+    assert (
+        simulate(prof, gpu()).straggler_s
+        > simulate(prof, gpu(compute={"device_spread": 0})).straggler_s
+    )
+    cpu = cluster_mod.from_dict({"nodes": 2, "devices_per_node": 2})
+    assert simulate(prof, cpu).straggler_s == 0  # Gloo on CPU: no default jitter or spread
 
 
 def test_contention_slows_the_overlapped_backward() -> None:
@@ -113,6 +132,17 @@ def test_input_pipeline_bounds_the_step() -> None:
     bound = simulate(prof, gpu(input={"samples_per_s": 100.0}))
     assert free.input_wait_s == 0 and bound.input_wait_s > 0
     assert bound.samples_per_s == pytest.approx(100.0 * 4)  # per node, 4 nodes
+    loaders = simulate(prof, gpu(input={"workers": 2}))
+    assert loaders.samples_per_s == pytest.approx(2 * cluster_mod.DEFAULT_WORKER_RATE * 4)
+    own = simulate(prof, gpu(input={"workers": 2, "worker_samples_per_s": 10.0}))
+    assert own.samples_per_s == pytest.approx(2 * 10.0 * 4)
+    node = gpu(input={"workers": 2, "worker_samples_per_s": 10.0})
+    assert cluster_mod.from_dict(node.to_dict()).node_input_rate == 20.0
+    assert node.without_input().node_input_rate is None
+    with pytest.raises(ClusterError, match="not both"):
+        gpu(input={"samples_per_s": 10.0, "workers": 2})
+    with pytest.raises(ClusterError, match="needs workers"):
+        gpu(input={"worker_samples_per_s": 10.0})
 
 
 def test_described_device_and_precisions() -> None:

@@ -38,8 +38,9 @@ def test_three_models_from_one_gpu_to_the_largest_count(validation) -> None:  # 
 def test_rows_within_ten_percent_and_median_within_five(validation) -> None:  # noqa: ANN001
     module, rows = validation
     misses = module.known_misses()
-    predicted = [r for r in rows if not r.calibration]
+    predicted = [r for r in rows if r.predicts]
     assert statistics.median(abs(r.error) for r in predicted) <= 0.05
+    assert module.summary(rows)["rows"] == len(predicted)
     outside = [
         (r.table, r.gpus, f"{r.error:+.1%}")
         for r in predicted
@@ -65,3 +66,18 @@ def test_markdown_names_sources_and_exclusions(validation) -> None:  # noqa: ANN
     assert "Excluded: bert-large pretrain seq512 dgx1-32g fp32" in text
     data = module.load()
     assert data["source"]["commit"] and all("path" in t and "section" in t for t in data["tables"])
+
+
+def test_the_held_out_row_is_where_the_loader_default_comes_from(validation) -> None:  # noqa: ANN001
+    """The default rate of one loader process is the held-out row's throughput over its loader
+    processes, and that row is not counted as a prediction."""
+    from longboat.sim.cluster import DEFAULT_WORKER_RATE
+
+    module, rows = validation
+    held = [r for r in rows if r.held_out]
+    assert len(held) == 1 and not held[0].predicts
+    table = next(t for t in module.load()["tables"] if t["name"] == held[0].table)
+    per_process = held[0].published / table["input"]["workers"]
+    assert abs(DEFAULT_WORKER_RATE / per_process - 1) < 0.01
+    loaders = [r for r in rows if r.model == "resnet50" and r.gpus > 1 and r.predicts]
+    assert loaders and all(abs(r.error) <= 0.10 for r in loaders)

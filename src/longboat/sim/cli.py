@@ -164,6 +164,12 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         help="coefficient of variation of one rank's compute per step (stragglers)",
     )
     p.add_argument(
+        "--device-spread",
+        type=float,
+        default=None,
+        help="coefficient of variation of the devices' persistent speeds (stragglers)",
+    )
+    p.add_argument(
         "--contention",
         type=float,
         default=None,
@@ -174,7 +180,21 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="SAMPLES_PER_S",
-        help="samples/s one node's input pipeline delivers",
+        help="samples/s one node's input pipeline delivers (measured)",
+    )
+    p.add_argument(
+        "--input-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="data-loader processes on a node (instead of --input-rate)",
+    )
+    p.add_argument(
+        "--worker-rate",
+        type=float,
+        default=None,
+        metavar="SAMPLES_PER_S",
+        help="samples/s one loader process delivers (default 130: ImageNet decode and crop)",
     )
     p.add_argument("--ps-servers", type=int, default=None, help="parameter servers (ps section)")
 
@@ -211,6 +231,26 @@ def _device_entry(args: argparse.Namespace, data: dict[str, Any]) -> Any:
     if not spec and devices.known(name):
         return name
     return spec | {"name": name}
+
+
+def _input_entry(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with its ``input`` section replaced by --input-rate or --input-workers and
+    --worker-rate, where given."""
+    flags = {
+        "samples_per_s": args.input_rate,
+        "workers": args.input_workers,
+        "worker_samples_per_s": args.worker_rate,
+    }
+    given = {key: value for key, value in flags.items() if value is not None}
+    if not given:
+        return data
+    entry = dict(data.get("input") or {})
+    if "samples_per_s" in given:
+        entry.pop("workers", None)
+        entry.pop("worker_samples_per_s", None)
+    else:
+        entry.pop("samples_per_s", None)
+    return data | {"input": entry | given}
 
 
 def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
@@ -251,6 +291,7 @@ def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
         ("compute_efficiency", compute, "efficiency"),
         ("precision", compute, "precision"),
         ("jitter", compute, "jitter"),
+        ("device_spread", compute, "device_spread"),
         ("contention", compute, "contention"),
     ):
         if getattr(args, flag) is not None:
@@ -260,8 +301,7 @@ def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
     for key, value in (("intra", intra), ("inter", inter), ("compute", compute)):
         if value:
             data[key] = value
-    if args.input_rate is not None:
-        data["input"] = {"samples_per_s": args.input_rate}
+    data = _input_entry(args, data)
     if args.ps_servers:
         data["ps"] = dict(data.get("ps") or {}) | {"servers": args.ps_servers}
     return cluster_mod.from_dict(data, where=args.cluster or "flags")

@@ -9,8 +9,10 @@ A cluster file (every key optional except ``nodes`` and ``devices_per_node``)::
     backend: auto                # auto (nccl on GPUs, gloo on cpu) | nccl | gloo
     intra: {kind: nvlink, links: 6, link_bandwidth: 25GB/s, latency: 3us}
     inter: {bandwidth: 100Gb/s, latency: 5us, nics_per_node: 4, gpudirect: true}
-    compute: {efficiency: 0.5, precision: fp32, jitter: 0.01, contention: 0.1}
-    input: {samples_per_s: 20000}                  # per node; default: never the bottleneck
+    compute: {efficiency: 0.5, precision: fp32, jitter: 0.01, device_spread: 0.011,
+              contention: 0.1}
+    input: {samples_per_s: 20000}  # per node, measured; default: never the bottleneck
+    # or: input: {workers: 64, worker_samples_per_s: 130}  # loader processes on a node
     memory_bandwidth: 900GB/s    # default: the device's
     ps: {servers: 4, bandwidth: 25Gb/s, latency: 20us}
     algorithms: {ring: {bandwidth_efficiency: 0.8, overhead: 50us}}
@@ -97,6 +99,9 @@ class Cluster:
     contention: float | None = None  # slowdown of compute overlapped by collectives
     input_rate: float | None = None  # samples/s one node's input pipeline delivers
     optimizer_bytes: float = devices.OPTIMIZER_BYTES_PER_PARAM
+    device_spread: float | None = None  # persistent per-device speed, coefficient of variation
+    input_workers: int | None = None  # data-loader processes on a node
+    worker_rate: float | None = None  # samples/s one loader process delivers
 
     @property
     def world(self) -> int:
@@ -135,6 +140,21 @@ class Cluster:
     def cost(self, algorithm: str) -> AlgorithmCost:
         return self.algorithms.get(algorithm, AlgorithmCost())
 
+    @property
+    def node_input_rate(self) -> float | None:
+        """Samples/s a node's input pipeline delivers: ``input.samples_per_s`` as measured, else
+        its loader processes times one process's rate (``DEFAULT_WORKER_RATE`` unless set);
+        None: never the bottleneck."""
+        if self.input_rate is not None:
+            return self.input_rate
+        if self.input_workers:
+            return self.input_workers * (self.worker_rate or DEFAULT_WORKER_RATE)
+        return None
+
+    def without_input(self) -> Cluster:
+        """The same cluster with an input pipeline that never binds."""
+        return dataclasses.replace(self, input_rate=None, input_workers=None, worker_rate=None)
+
     def with_devices(self, n: int) -> Cluster:
         """The same cluster cut to ``n`` devices: full nodes, or one partial node. On a
         directly linked node (``nvlink`` without a switch) a part of the node uses only the
@@ -169,11 +189,16 @@ class Cluster:
                 "optimizer_bytes_per_param": self.optimizer_bytes,
             },
         }
-        for key in ("jitter", "contention"):
+        for key in ("jitter", "contention", "device_spread"):
             if getattr(self, key) is not None:
                 out["compute"][key] = getattr(self, key)
-        if self.input_rate is not None:
-            out["input"] = {"samples_per_s": self.input_rate}
+        entry = {
+            "samples_per_s": self.input_rate,
+            "workers": self.input_workers,
+            "worker_samples_per_s": self.worker_rate,
+        }
+        if any(v is not None for v in entry.values()):
+            out["input"] = {k: v for k, v in entry.items() if v is not None}
         if self.memory_bandwidth:
             out["memory_bandwidth"] = rate_text(self.memory_bandwidth)
         if self.ps:
@@ -219,8 +244,14 @@ _COMPUTE = {
     "precision",
     "jitter",
     "contention",
+    "device_spread",
     "optimizer_bytes_per_param",
 }
+#: Samples/s one data-loader process delivers when ``input.workers`` is given without
+#: ``worker_samples_per_s``: ImageNet JPEG decoding with random-resized-crop and flip in a
+#: PyTorch DataLoader worker on a fully loaded DGX node (NVIDIA's published ResNet-50 mixed
+#: precision throughput on a DGX-1, 8 GPUs: 8,322 images/s from 8 x 8 workers; see docs/sim.md).
+DEFAULT_WORKER_RATE = 130.0
 
 
 def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
@@ -353,6 +384,37 @@ def _device(data: Mapping[str, Any], where: str) -> tuple[str, Device | None]:
         raise ClusterError(f"{where}.device: {exc}") from None
 
 
+def _positive_rate(value: Any, where: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ClusterError(f"{where}: {what}, a number > 0, got {value!r}")
+    return float(value)
+
+
+def _input(data: Any, where: str) -> tuple[float | None, int | None, float | None]:
+    """(samples_per_s, workers, worker_samples_per_s) of the ``input`` section."""
+    if data is None:
+        return None, None, None
+    _check_keys(data, {"samples_per_s", "workers", "worker_samples_per_s"}, where)
+    if "samples_per_s" in data and ("workers" in data or "worker_samples_per_s" in data):
+        raise ClusterError(
+            f"{where}: give samples_per_s (the node's measured rate) or workers with "
+            "worker_samples_per_s (loader processes and one process's rate), not both"
+        )
+    if "worker_samples_per_s" in data and "workers" not in data:
+        raise ClusterError(f"{where}.worker_samples_per_s needs workers (processes per node)")
+    rate = data.get("samples_per_s")
+    worker_rate = data.get("worker_samples_per_s")
+    return (
+        _positive_rate(rate, f"{where}.samples_per_s", "samples/s per node")
+        if rate is not None
+        else None,
+        _positive_int(data, "workers", where) if "workers" in data else None,
+        _positive_rate(worker_rate, f"{where}.worker_samples_per_s", "samples/s per process")
+        if worker_rate is not None
+        else None,
+    )
+
+
 def from_dict(data: Mapping[str, Any], where: str = "cluster") -> Cluster:
     """Validate and build a :class:`Cluster`; errors name the key and the allowed values."""
     _check_keys(data, _TOP, where)
@@ -372,19 +434,13 @@ def from_dict(data: Mapping[str, Any], where: str = "cluster") -> Cluster:
         )
     extras = {
         key: _non_negative(compute[key], f"{where}.compute.{key}")
-        for key in ("jitter", "contention")
+        for key in ("jitter", "contention", "device_spread")
         if compute.get(key) is not None
     }
     opt_bytes = compute.get("optimizer_bytes_per_param", devices.OPTIMIZER_BYTES_PER_PARAM)
     if isinstance(opt_bytes, bool) or not isinstance(opt_bytes, int | float) or opt_bytes <= 0:
         raise ClusterError(f"{where}.compute.optimizer_bytes_per_param: > 0, got {opt_bytes!r}")
-    input_rate = None
-    if data.get("input") is not None:
-        _check_keys(data["input"], {"samples_per_s"}, f"{where}.input")
-        rate = data["input"].get("samples_per_s")
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or rate <= 0:
-            raise ClusterError(f"{where}.input.samples_per_s: samples/s per node, got {rate!r}")
-        input_rate = float(rate)
+    input_rate, workers, worker_rate = _input(data.get("input"), f"{where}.input")
     ps = None
     if data.get("ps"):
         ps_data = dict(data["ps"])
@@ -437,6 +493,9 @@ def from_dict(data: Mapping[str, Any], where: str = "cluster") -> Cluster:
         contention=extras.get("contention"),
         input_rate=input_rate,
         optimizer_bytes=float(opt_bytes),
+        device_spread=extras.get("device_spread"),
+        input_workers=workers,
+        worker_rate=worker_rate,
     )
 
 

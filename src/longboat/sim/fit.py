@@ -29,7 +29,7 @@ def compute_efficiency(
         )
     if not step_s > 0:
         raise ClusterError(f"measured step must be a positive time, got {step_s!r}")
-    one = dataclasses.replace(cluster.with_devices(1), input_rate=None)
+    one = cluster.with_devices(1).without_input()
     full = simulate(profile, dataclasses.replace(one, compute_efficiency=1.0), strategy).step_s
     half = simulate(profile, dataclasses.replace(one, compute_efficiency=0.5), strategy).step_s
     scaled, fixed = half - full, 2 * full - half

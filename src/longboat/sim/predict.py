@@ -16,9 +16,11 @@ What else a synchronous step loses on GPUs (each 0 unless the cluster sets or im
 * contention: while collectives run, the backward computing beside them is slowed by the factor
   ``1 + contention`` (NCCL's kernels take SMs and memory bandwidth, see `default_contention`);
 * stragglers: every rank waits for the slowest (`longboat.sim.straggler`), ``jitter`` being the
-  coefficient of variation of one rank's compute per step;
-* input: a node's input pipeline delivering ``input.samples_per_s`` bounds the step from below
-  at ``batch * ranks per node / samples_per_s``.
+  coefficient of variation of one rank's compute per step and ``device_spread`` that of the
+  devices' persistent speeds;
+* input: a node's input pipeline delivering ``input.samples_per_s`` (or ``input.workers`` loader
+  processes of ``worker_samples_per_s`` each) bounds the step from below at
+  ``batch * ranks per node / samples_per_s``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from longboat.sim import cost, devices
 from longboat.sim.cluster import Cluster, ClusterError
 from longboat.sim.compression import bucket_parts
 from longboat.sim.profile import Profile
-from longboat.sim.straggler import straggler_seconds
+from longboat.sim.straggler import spread_seconds, straggler_seconds
 from longboat.sim.timeline import Job, busy_before, finish_times
 from longboat.strategy import Strategy
 
@@ -91,6 +93,9 @@ def collective_plan(strategy: Strategy, cluster: Cluster) -> CollectivePlan:
 #: Coefficient of variation of one rank's compute per step on a GPU when the cluster does not
 #: set ``compute.jitter`` (see docs/sim.md: where it comes from and how to measure it).
 DEFAULT_GPU_JITTER = 0.01
+#: Coefficient of variation of GPUs' persistent speeds (same model, same settings) when the
+#: cluster does not set ``compute.device_spread``: Sinha et al., SC22 (see docs/sim.md).
+DEFAULT_GPU_SPREAD = 0.011
 #: Share of backward time bound by memory bandwidth (for the default contention).
 MEMORY_BOUND_SHARE = 0.5
 #: Device-memory bytes a collective moves per byte on the bus (read own chunk, read the
@@ -179,6 +184,12 @@ def jitter_of(cluster: Cluster) -> float:
     return DEFAULT_GPU_JITTER if cluster.resolved_backend() == "nccl" else 0.0
 
 
+def spread_of(cluster: Cluster) -> float:
+    if cluster.device_spread is not None:
+        return cluster.device_spread
+    return DEFAULT_GPU_SPREAD if cluster.resolved_backend() == "nccl" else 0.0
+
+
 def _finish(
     cluster: Cluster,
     prof: Profile,
@@ -187,12 +198,14 @@ def _finish(
     **kw: Any,
 ) -> Prediction:
     """The prediction of one micro-step of ``step`` seconds, with the wait for the slowest rank
-    and for the input pipeline added."""
+    (per-step jitter and the devices' persistent spread) and for the input pipeline added."""
     straggle = straggler_seconds(prof.compute_s, jitter_of(cluster), cluster.world, micro_steps)
+    straggle += spread_seconds(prof.compute_s, spread_of(cluster), cluster.world)
     step += straggle
     wait = 0.0
-    if cluster.input_rate:
-        needed = prof.batch * cluster.devices_per_node / cluster.input_rate
+    rate = cluster.node_input_rate
+    if rate:
+        needed = prof.batch * cluster.devices_per_node / rate
         wait = max(0.0, needed - step)
         step += wait
     return Prediction(

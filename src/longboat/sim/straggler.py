@@ -7,6 +7,11 @@ is longer than one rank's by ``jitter * T * E[max of N standard normals]`` on av
 expected maximum is 0 for one rank, 0.56 for 2, 1.42 for 8, 2.83 for 256 and grows like
 ``sqrt(2 ln N)``. Over ``k`` micro-steps (gradient merge) the ranks' times add up and only
 their sum must agree, so the relative spread shrinks by ``sqrt(k)``.
+
+Devices of one model also differ persistently (manufacturing and power management: the same
+SKU sustains different clocks, see docs/sim.md). With each device's speed ``1 + spread Z`` for
+the whole run, a synchronous job runs at its slowest device's pace: every micro-step waits
+``spread * T * E[max of N standard normals]``, which does not average out over micro-steps.
 """
 
 from __future__ import annotations
@@ -38,3 +43,11 @@ def straggler_seconds(compute_s: float, jitter: float, ranks: int, micro_steps: 
     if ranks <= 1 or jitter <= 0:
         return 0.0
     return jitter * compute_s * expected_max(ranks) / math.sqrt(max(micro_steps, 1))
+
+
+def spread_seconds(compute_s: float, spread: float, ranks: int) -> float:
+    """Expected extra seconds per micro-step waiting for the slowest of ``ranks`` devices whose
+    persistent speeds have coefficient of variation ``spread``."""
+    if ranks <= 1 or spread <= 0:
+        return 0.0
+    return spread * compute_s * expected_max(ranks)
