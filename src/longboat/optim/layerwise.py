@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch.optim import Optimizer
@@ -54,8 +54,14 @@ class LayerwiseOptimizer(Optimizer):
         super().add_param_group(param_group)
         check_named_group(self.NAME, self.param_groups[-1])
 
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One update of every parameter that has a gradient."""
         loss = None
         if closure is not None:

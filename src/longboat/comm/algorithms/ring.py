@@ -189,7 +189,9 @@ class _RingCall:
         for j in range(count):
             self.wait(self.recvs[t].pop(j), t, "receive from", self.ring.left)
             if reduce:
-                lo, hi = self.segment(t, j, received=True)  # type: ignore[misc]
+                bounds = self.segment(t, j, received=True)
+                assert bounds is not None  # j < segment_count: segment j exists
+                lo, hi = bounds
                 self.flat[lo:hi].add_(self.landing(t, (lo, hi)))
             if not last:
                 self.post_next(t, j)
