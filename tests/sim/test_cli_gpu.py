@@ -100,3 +100,20 @@ def test_efficiency_printed_with_one_decimal(profile, capsys) -> None:  # noqa: 
     rows = [line for line in out.splitlines() if re.match(r"^│ +\d+ │", line)]
     assert rows and all(re.search(r"│ +\d{1,3}\.\d% │", line) for line in rows)
     assert "100.0%" in rows[0] and not any(" 100% " in line for line in rows)
+
+
+def test_loader_and_spread_flags() -> None:
+    import argparse
+
+    from longboat.sim.cli import _cluster_args, cluster_from_args
+
+    parser = argparse.ArgumentParser()
+    _cluster_args(parser)
+    args = parser.parse_args(
+        ["--device", "V100", "--input-workers", "64", "--worker-rate", "100",
+         "--device-spread", "0.02"]
+    )  # fmt: skip
+    c = cluster_from_args(args)
+    assert (c.node_input_rate, c.device_spread) == (6400.0, 0.02)
+    measured = cluster_from_args(parser.parse_args(["--device", "V100", "--input-rate", "900"]))
+    assert measured.node_input_rate == 900.0
