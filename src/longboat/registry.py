@@ -11,15 +11,24 @@ from __future__ import annotations
 import importlib
 import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from longboat.strategy.values import Config
+from typing import Any, Generic, Protocol, TypeVar
 
 F = TypeVar("F", bound=Callable)
+
+
+class ConfigKeys(Protocol):
+    """The keys of a factory's ``<name>_configs`` (``longboat.strategy.values.Config`` is
+    one): their names, defaults, and a checked value as plain data."""
+
+    def names(self) -> list[str]: ...
+
+    def defaults(self) -> dict[str, Any]: ...
+
+    def plain(self, value: Mapping[str, Any]) -> dict[str, Any]: ...
+
 
 TOPOLOGIES = ("any", "many_ranks", "one_node", "multi_node")
 """Where an algorithm is worth trying automatically: anywhere, on more than two ranks, on one
@@ -54,7 +63,7 @@ class Entry(Generic[F]):
     name: str
     factory: F
     doc: str = ""
-    config: Config | None = None
+    config: ConfigKeys | None = None
     lossy: bool = False
     topologies: tuple[str, ...] = ()
     broadcast: bool = False
@@ -88,7 +97,7 @@ class Registry(Generic[F]):
         name: str,
         *,
         doc: str | None = None,
-        config: Config | None = None,
+        config: ConfigKeys | None = None,
         lossy: bool = False,
         topologies: tuple[str, ...] = (),
         broadcast: bool = False,

@@ -21,6 +21,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from longboat.cluster.env import variable
+
 ENV_DIR = "LONGBOAT_ELASTIC_DIR"
 MEMBERSHIP_FILE = "membership.json"
 
@@ -63,7 +65,7 @@ class ElasticError(RuntimeError):
 
 def elastic_dir(env: dict[str, str] | None = None) -> Path | None:
     """This node's elastic directory, or None outside an elastic job."""
-    raw = (env if env is not None else os.environ).get(ENV_DIR)
+    raw = variable(ENV_DIR, env)
     return Path(raw) if raw else None
 
 

@@ -248,9 +248,9 @@ class Strategy:
         check_use(self._values)
         self._check_planned()
         if self._values["elastic"] and "elastic" not in self._warned:
-            from longboat.elastic.membership import elastic_dir
+            from longboat.cluster.env import variable
 
-            if elastic_dir() is None:  # not started by `longboat launch --nnodes MIN:MAX`
+            if variable("LONGBOAT_ELASTIC_DIR") is None:  # not `longboat launch --nnodes MIN:MAX`
                 self._warned.add("elastic")
                 logger.warning(
                     "Strategy.elastic=True does not make a job elastic: start it with "
@@ -307,6 +307,23 @@ class Strategy:
 
     def __copy__(self) -> Strategy:
         return self.copy()
+
+    def shared_settings(self) -> dict[str, tuple[Any, str]]:
+        """Every setting all ranks of a job must agree on (each field but those declared
+        ``per_rank``; a config field key by key): ``{"field" or "field.key": (value,
+        source)}`` with plain values."""
+        values = self.to_dict()
+        shared: dict[str, tuple[Any, str]] = {}
+        for name, spec in FIELDS.items():
+            if spec.per_rank:
+                continue
+            if spec.is_config:
+                for key in values[name]:
+                    path = f"{name}.{key}"
+                    shared[path] = (values[name][key], self.source(path))
+            else:
+                shared[name] = (values[name], self.source(name))
+        return shared
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Strategy:
         return self.copy()

@@ -11,6 +11,7 @@ from types import MappingProxyType
 
 from longboat.registry import ALGORITHMS, COMPRESSORS, Entry
 from longboat.strategy.spec import FieldSpec, implemented
+from longboat.strategy.values import Config
 
 COMPRESSION_FIELD = "gradient_compression"
 
@@ -28,7 +29,11 @@ def compressor_names() -> list[str]:
 
 def config_field(entry: Entry) -> FieldSpec:
     """The ``<name>_configs`` field of a compressor that declares a config."""
-    assert entry.config is not None
+    if not isinstance(entry.config, Config):
+        raise TypeError(
+            f"{entry.name!r} registers config={entry.config!r}: declare its keys as "
+            "longboat.strategy.values.Config(KeySpec(...), ...)"
+        )
     selector = f"{entry.switch}=True" if entry.switch else f"{COMPRESSION_FIELD}={entry.name!r}"
     return FieldSpec(
         f"{entry.name}_configs",
