@@ -22,6 +22,7 @@ from longboat.collective.optimizer import MergeGate
 from longboat.horovod.torch import ops
 from longboat.optim import StageKind
 from longboat.trace import collective_watch, current_observer
+from longboat.trace.config import TraceConfig
 from longboat.trace.stall import watch_collectives
 
 LAUNCHER_PREFIXES = ("PADDLE_", "HOROVOD_", "SLURM_", "OMPI_", "PMIX_", "LONGBOAT_")
@@ -119,7 +120,7 @@ def test_collective_watch_is_stopped_by_shutdown(clean_env: pytest.MonkeyPatch) 
     lb.init()
     with clean_env.context() as patch:  # a world of two as far as the watch is concerned
         patch.setattr(dist, "get_world_size", lambda group=None: 2)
-        watch = watch_collectives(lb.Strategy(stall_warning_seconds=30))
+        watch = watch_collectives(TraceConfig.of(lb.Strategy(stall_warning_seconds=30)))
     assert watch is not None and collective_watch() is watch
     lb.shutdown()
     _assert_nothing_current()

@@ -9,11 +9,14 @@ strategy resolved on the measured placement, `longboat.collective.plan`).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from longboat.cluster import ClusterInfo, Topology
 from longboat.cluster import init as start_group
 from longboat.cluster.startup import Startup
+
+if TYPE_CHECKING:
+    from longboat.strategy import Strategy
 
 
 def init(
@@ -33,23 +36,31 @@ def init(
 def startup() -> Startup:
     """The callbacks `longboat.cluster.init` runs around the process group's start."""
     from longboat.elastic import join
+    from longboat.trace.config import TraceConfig
     from longboat.trace.stall import waiting, watch_collectives
 
     return replace(
         join.startup(),
-        started=lambda info, topo, strategy: watch_collectives(strategy),
+        started=lambda info, topo, strategy: watch_collectives(
+            TraceConfig.of(_strategy_or_default(strategy))
+        ),
         describe=_allreduce_choice,
         waiting=lambda what, timeout_s: waiting(what, timeout_s=timeout_s),
     )
 
 
+def _strategy_or_default(strategy: Any) -> Strategy:
+    """``strategy``, or the defaults when none (or a foreign object) was given."""
+    from longboat.strategy import Strategy
+
+    return strategy if isinstance(strategy, Strategy) else Strategy()
+
+
 def _allreduce_choice(info: ClusterInfo, topo: Topology, strategy: Any) -> str:
     """``, allreduce: <choice>`` of the collective strategy on this placement, else ''."""
     from longboat.collective.plan import Placement, resolve_comm
-    from longboat.strategy import Strategy
 
-    if not isinstance(strategy, Strategy):  # none given (or a foreign object): the defaults
-        strategy = Strategy()
+    strategy = _strategy_or_default(strategy)
     if strategy.mode != "collective":
         return ""
     placement = Placement.of(topo.node_of, str(info.backend))

@@ -145,13 +145,18 @@ def test_shard_bounds_cover_any_size() -> None:
     assert shard_bounds(0, 3) == [(0, 0)] * 3
 
 
-def test_strategy_inter_nranks_only_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_strategy_inter_nranks_only_when_set() -> None:
     import longboat as lb
-    from longboat import cluster
-    from longboat.comm.algorithms import hierarchical
+    from longboat.collective.plan import Placement, resolve_comm
+    from longboat.comm import algorithms
+    from longboat.comm.algorithms.hierarchical import make_hierarchical
 
-    monkeypatch.setattr(cluster, "current_strategy", lambda: lb.Strategy())
-    assert hierarchical.configured_inter_nranks() is None
+    placement = Placement.of([0, 0, 1, 1], "gloo")
+    assert dict(resolve_comm(lb.Strategy(), placement).options) == {}
     chosen = lb.Strategy(hierarchical_allreduce_inter_nranks=8)
-    monkeypatch.setattr(cluster, "current_strategy", lambda: chosen)
-    assert hierarchical.configured_inter_nranks() == 8
+    options = resolve_comm(chosen, placement).options
+    assert dict(options) == {"inter_nranks": 8}
+    # each factory gets the options it names; one taking **options gets them all
+    assert algorithms._taken_by(make_hierarchical, options) == {"inter_nranks": 8}
+    assert algorithms._taken_by(lambda group: group, options) == {}
+    assert algorithms._taken_by(lambda group, **kw: kw, options) == {"inter_nranks": 8}

@@ -152,14 +152,12 @@ def test_recompute_unknown_checkpoint_names_it_and_the_valid_names() -> None:
 
 
 def test_recompute_offload_keeps_gradients() -> None:
-    from longboat.recompute import apply_recompute
+    from longboat.recompute import RecomputeConfig, apply_recompute
 
     x, y = _batches(1)[0]
     plain, offloaded = Net(), Net()
-    apply_recompute(
-        offloaded,
-        make(recompute=True, recompute_configs={"checkpoints": ["blocks"], "enable_offload": True}),
-    )
+    s = make(recompute=True, recompute_configs={"checkpoints": ["blocks"], "enable_offload": True})
+    apply_recompute(offloaded, RecomputeConfig.of(s.recompute, s.recompute_configs))
     for model in (plain, offloaded):
         F.cross_entropy(model(x), y).backward()
     _close(

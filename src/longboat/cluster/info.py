@@ -33,6 +33,8 @@ class ClusterInfo:
     backend: str | None = None
     node_key: str | None = None
     elastic_round: Any = None  # longboat.elastic.membership.Membership in an elastic job
+    carries_state: bool = False
+    """This process keeps training state from an earlier round of its elastic job."""
 
     def describe(self) -> str:
         """One human-readable line, e.g. for the startup log."""

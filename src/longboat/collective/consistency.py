@@ -4,7 +4,7 @@ everywhere."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,27 +29,18 @@ class SettingsMismatchError(RuntimeError):
 _SHOWN_FIELDS = 8
 
 
-def verify_same_settings(strategy: Any, group: dist.ProcessGroup | None = None) -> None:
-    """Raise SettingsMismatchError on every rank if any rank's Strategy differs from another's.
+def verify_same_settings(
+    settings: Mapping[str, tuple[Any, str]], group: dist.ProcessGroup | None = None
+) -> None:
+    """Raise SettingsMismatchError on every rank if any rank's settings differ from another's.
 
-    Every field that shapes communication (all but those declared ``per_rank``; config fields
-    key by key) is compared: each rank publishes ``{"field" or "field.key": [value, source]}``
-    as JSON, all ranks receive all of them,
-    so every rank raises the same message naming each differing field, the value on each
-    rank and where it came from (default, code, file, env:LONGBOAT_X).
+    ``settings`` is ``{"field" or "field.key": (value, source)}``, every Strategy setting
+    that shapes communication (``CollectivePlan.shared_settings``). Each rank publishes it as
+    JSON, all ranks receive all of them, so every rank raises the same message naming each
+    differing field, the value on each rank and where it came from (default, code, file,
+    env:LONGBOAT_X).
     """
-    from longboat.strategy.fields import FIELDS
-
-    values = strategy.to_dict()
-    mine: dict[str, list[Any]] = {}
-    for name, spec in FIELDS.items():
-        if spec.per_rank:
-            continue
-        paths = [f"{name}.{key}" for key in values[name]] if spec.is_config else [name]
-        for path in paths:
-            field, _, key = path.partition(".")
-            value = values[field][key] if key else values[field]
-            mine[path] = [value, strategy.source(path)]
+    mine = {path: list(pair) for path, pair in settings.items()}
     tables = [json.loads(blob) for blob in allgather_bytes(json.dumps(mine).encode(), group)]
     differing = [
         name

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,13 @@ from longboat.collective.optimizer import (
     dgc_momentum,
     use_multi_tensor_kernels,
 )
-from longboat.collective.plan import CollectivePlan, CommPlan, Placement, resolve
+from longboat.collective.plan import (
+    CollectivePlan,
+    CommPlan,
+    Placement,
+    RuntimeSettings,
+    resolve,
+)
 from longboat.collective.reducer import Reducer
 from longboat.collective.sync_bn import convert_sync_batchnorm
 from longboat.comm import algorithms
@@ -38,12 +45,12 @@ from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.compress import make_compressor
 from longboat.comm.groups import make_communicators
 from longboat.comm.serial import SerialAllreduce
-from longboat.elastic import world as elastic_world
 from longboat.log import get_logger
 from longboat.optim import wrap_optimizer
 from longboat.optim.staged import ALREADY_DISTRIBUTED, Stage, StagedOptimizer, is_distributed
 from longboat.recompute import apply_recompute
 from longboat.strategy import Strategy
+from longboat.trace import attach
 from longboat.trace.stall import waiting, watch_collectives
 
 log = get_logger("longboat.collective")
@@ -66,11 +73,14 @@ def distribute(
     strategy = strategy or cluster.current_strategy() or Strategy()
     if strategy.mode != "collective":
         raise ValueError(f"mode={strategy.mode!r} is not collective: call lb.distribute")
-    model, named = _prepare(model, strategy)
-    plan = resolve(strategy, live_placement())
-    comm = join_world(model, strategy, plan)
-    if _wants_compiled_fusion(strategy):
-        model = torch.compile(model)  # type: ignore[assignment]
+    strategy.check()
+    if not cluster.is_initialized():  # lb.distribute has called lb.init; a direct call joins
+        cluster.init(strategy)
+    plan = resolve(strategy, live_placement())  # below here only the plan is read
+    model, named = _prepare(model, plan)
+    comm = join_world(model, plan)
+    if plan.runtime.compiled_fusion:
+        model = cast(nn.Module, torch.compile(model))
     amp = Amp(plan.amp, named[0][1].device.type) if plan.amp is not None else None
     scaled = amp is not None and amp.scaler is not None
     reducer, compressors = build_reducer(
@@ -81,11 +91,9 @@ def distribute(
         if plan.auto
         else None
     )
-    wrapped = _wrap_model(model, strategy, plan, reducer, compressors, amp, named, tuner)
-    optimizer = _wrap_optimizer(optimizer, strategy, wrapped, named, scaled)
-    from longboat.trace import attach  # timeline and stall inspector, as the strategy asks
-
-    return wrapped, attach(wrapped, optimizer, strategy)
+    wrapped = _wrap_model(model, plan, reducer, compressors, amp, named, tuner)
+    optimizer = _wrap_optimizer(optimizer, plan, wrapped, named, scaled)
+    return wrapped, attach(wrapped, optimizer, plan.trace)
 
 
 def live_placement() -> Placement:
@@ -93,16 +101,27 @@ def live_placement() -> Placement:
     return Placement.of(cluster.topology().node_of, str(dist.get_backend()))
 
 
-def join_world(model: nn.Module, strategy: Strategy, plan: CollectivePlan) -> Comm:
+def join_world(model: nn.Module, plan: CollectivePlan) -> Comm:
     """The collective steps of ``lb.distribute``, in the order every rank runs them: check that
-    all ranks run the same Strategy and model, build the communicators, broadcast rank 0's
+    all ranks run the same settings and model, build the communicators, broadcast rank 0's
     parameters. A rank rebuilding after an elastic membership change runs them too, so that
     it meets a rank joining for the first time in the same collectives."""
-    _verify_ranks(model, strategy)
+    _verify_ranks(model, plan)
     comm = build_comm(plan.comm)
-    if not (elastic_world.is_elastic() and elastic_world.any_survivor()):
+    if not _state_carried_over():
         _broadcast_initial_state(model, plan, comm)  # else State.sync brings the state
     return comm
+
+
+def _state_carried_over() -> bool:
+    """Collective in an elastic round: does any rank keep training state from an earlier
+    round (``ClusterInfo.carries_state``)? Then ``State.sync`` hands it to everyone, and
+    broadcasting rank 0's fresh parameters first would only cost time."""
+    if cluster.cluster().elastic_round is None:
+        return False
+    flag = torch.tensor([int(cluster.cluster().carries_state)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,23 +140,20 @@ class Comm:
 def build_comm(plan: CommPlan) -> Comm:
     """Communicators and the plan's algorithm on each (collective: every rank, in order)."""
     groups = make_communicators(plan.communicators)
-    return Comm(plan, groups, [algorithms.make(plan.algorithm, g) for g in groups])
+    return Comm(plan, groups, [algorithms.make(plan.algorithm, g, plan.options) for g in groups])
 
 
 def _prepare(
-    model: nn.Module, strategy: Strategy
+    model: nn.Module, plan: CollectivePlan
 ) -> tuple[nn.Module, list[tuple[str, nn.Parameter]]]:
-    """Join the cluster, apply per-process settings, convert batch norms; the parameters
-    to train, checked against the backend."""
-    strategy.check()
-    if not cluster.is_initialized():  # lb.distribute has called lb.init; a direct call joins
-        cluster.init(strategy)
+    """Apply per-process settings, convert batch norms, wrap recomputed submodules; the
+    parameters to train, checked against the backend."""
     if isinstance(model, DistributedModel):
         raise ValueError("this model was already passed to lb.distribute")
-    _apply_runtime_settings(strategy)
-    if strategy.sync_batch_norm:
+    _apply_runtime_settings(plan.runtime)
+    if plan.sync_batch_norm:
         model = convert_sync_batchnorm(model)
-    apply_recompute(model, strategy)
+    apply_recompute(model, plan.recompute)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("the model has no parameters that require grad: nothing to train")
@@ -145,11 +161,11 @@ def _prepare(
     return model, named
 
 
-def _verify_ranks(model: nn.Module, strategy: Strategy) -> None:
-    """Every rank runs the same Strategy and built the same model (bounded waits, named)."""
-    watch_collectives(strategy)  # the stall inspector names the waits below
+def _verify_ranks(model: nn.Module, plan: CollectivePlan) -> None:
+    """Every rank runs the same settings and built the same model (bounded waits, named)."""
+    watch_collectives(plan.trace)  # the stall inspector names the waits below
     with waiting("settings check of lb.distribute (Strategy fields)"):
-        verify_same_settings(strategy)
+        verify_same_settings(plan.shared_settings)
     with waiting("model check of lb.distribute (parameter names and shapes)"):
         verify_same_model(model)
 
@@ -166,7 +182,6 @@ def _broadcast_initial_state(model: nn.Module, plan: CollectivePlan, comm: Comm)
 
 def _wrap_model(
     model: nn.Module,
-    strategy: Strategy,
     plan: CollectivePlan,
     reducer: Reducer,
     compressors: list,
@@ -186,20 +201,19 @@ def _wrap_model(
         compressors=compressors,
         local_sgd=local_sgd,
         tuner=tuner,
-        strategy=strategy,
         plan=plan,
     )
 
 
 def _wrap_optimizer(
     optimizer: torch.optim.Optimizer | None,
-    strategy: Strategy,
+    plan: CollectivePlan,
     wrapped: DistributedModel,
     named: list[tuple[str, nn.Parameter]],
     scaled: bool,
 ) -> torch.optim.Optimizer | None:
     """The returned optimizer: the user's (or LARS/LAMB), with fused kernels, wrapped in a
-    `StagedOptimizer` with the stages the strategy asks for (loss scaling, DGC momentum,
+    `StagedOptimizer` with the stages the plan asks for (loss scaling, DGC momentum,
     gradient merge, local SGD; their order is `StageKind`'s)."""
     local_sgd = wrapped.local_sgd
     if optimizer is None:
@@ -210,8 +224,11 @@ def _wrap_optimizer(
         return None
     if is_distributed(optimizer):
         raise ValueError(f"{ALREADY_DISTRIBUTED}: use the optimizer it returned")
-    optimizer = _replace_optimizer(strategy, optimizer, named)
-    if strategy.fuse_all_optimizer_ops and not use_multi_tensor_kernels(optimizer):
+    if plan.optimizer.replace_with is not None:  # Fleet's LARS/LAMB meta-optimizers
+        optimizer = wrap_optimizer(
+            plan.optimizer.replace_with, optimizer, named, dict(plan.optimizer.config)
+        )
+    if plan.optimizer.fused_kernels and not use_multi_tensor_kernels(optimizer):
         log.warning(
             "fuse_all_optimizer_ops: %s has no multi-tensor implementation; unchanged",
             type(optimizer).__name__,
@@ -219,26 +236,13 @@ def _wrap_optimizer(
     stages: list[Stage] = []
     if scaled:
         stages.append(LossScaling(wrapped))
-    if strategy.dgc:
+    if plan.compression.name == "dgc":
         stages.append(DGCMomentum([c.state for c in wrapped.compressors], optimizer))
     if wrapped.k_steps > 1:
         stages.append(MergeGate(wrapped))
     if local_sgd is not None:
         stages.append(LocalSGDStep(local_sgd, optimizer))
     return StagedOptimizer(optimizer, stages)
-
-
-def _replace_optimizer(
-    strategy: Strategy, optimizer: torch.optim.Optimizer, named: list[tuple[str, nn.Parameter]]
-) -> torch.optim.Optimizer:
-    """Fleet's LARS/LAMB meta-optimizers: the user's SGD/Adam becomes LARS/LAMB (the inner
-    optimizer of the returned `StagedOptimizer`)."""
-    for kind in ("lars", "lamb"):
-        if getattr(strategy, kind):
-            return wrap_optimizer(
-                kind, optimizer, named, dict(getattr(strategy, f"{kind}_configs"))
-            )
-    return optimizer
 
 
 def _local_sgd(
@@ -386,26 +390,11 @@ def _check_devices(named: list[tuple[str, nn.Parameter]]) -> None:
             raise ValueError(f"parameter {name!r} is on {p.device}, which Gloo cannot reduce")
 
 
-def _apply_runtime_settings(strategy: Strategy) -> None:
-    """Fleet fields that map onto PyTorch process settings, applied only when set.
-
-    At their defaults PyTorch's own behaviour is left alone.
-    """
-
-    def was_set(field: str) -> bool:
-        return strategy.source(field) != "default"
-
-    if was_set("num_threads"):
-        torch.set_num_threads(int(strategy.num_threads))
-    if was_set("cudnn_exhaustive_search"):
-        torch.backends.cudnn.benchmark = bool(strategy.cudnn_exhaustive_search)
-    if was_set("conv_workspace_size_limit"):
-        os.environ["CUDNN_CONV_WSCAP_DBG"] = str(int(strategy.conv_workspace_size_limit))
-
-
-def _wants_compiled_fusion(strategy: Strategy) -> bool:
-    return bool(
-        strategy.fuse_elewise_add_act_ops
-        or strategy.fuse_bn_act_ops
-        or strategy.fuse_relu_depthwise_conv
-    )
+def _apply_runtime_settings(settings: RuntimeSettings) -> None:
+    """The process settings the plan carries; those it leaves None keep PyTorch's own."""
+    if settings.num_threads is not None:
+        torch.set_num_threads(settings.num_threads)
+    if settings.cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = settings.cudnn_benchmark
+    if settings.conv_workspace_mb is not None:
+        os.environ["CUDNN_CONV_WSCAP_DBG"] = str(settings.conv_workspace_mb)

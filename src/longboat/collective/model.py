@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from longboat.collective.amp import Amp
+from longboat.collective.plan import CollectivePlan
 from longboat.collective.reducer import Reducer
 
 
@@ -35,16 +36,14 @@ class DistributedModel(nn.Module):
         compressors: Sequence[Any] = (),
         local_sgd: Any = None,
         tuner: Any = None,
-        strategy: Any = None,
-        plan: Any = None,
+        plan: CollectivePlan | None = None,
     ):
         super().__init__()
         self.amp = amp
         self.compressors = tuple(compressors)  # one per communicator, each with ``.stats``
         self.local_sgd = local_sgd  # LocalSGD / AdaptiveLocalSGD when it replaces the reducer
         self.tuner = tuner  # Strategy(auto=True): an AutoTuner that swaps the reducer
-        self.strategy = strategy  # the Strategy it was built with (None outside lb.distribute)
-        self.plan = plan  # what it resolved to (longboat.collective.plan.CollectivePlan)
+        self.plan = plan  # the plan lb.distribute resolved (None for a model built by hand)
         self.communicate = communicate  # False under local SGD: parameters are averaged instead
         self.module = module
         self.reducer = reducer

@@ -19,13 +19,17 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from longboat.cluster.topology import comm_defaults
+from longboat.recompute import RecomputeConfig
 from longboat.registry import ALGORITHMS, COMPRESSORS, Entry
+from longboat.trace.config import TraceConfig
 
 if TYPE_CHECKING:
     from longboat.strategy import Strategy
 
 TOPOLOGY = "topology"
 """The default ``allreduce_algorithm``: chosen from the placement of the ranks (no trial)."""
+
+INTER_NRANKS = "hierarchical_allreduce_inter_nranks"
 
 TUNABLE = ("algorithm", "bucket_mb", "communicators")
 """The :class:`CommPlan` settings ``Strategy(auto=True)`` may try other values of."""
@@ -71,6 +75,9 @@ class CommPlan:
     """``sync_nccl_allreduce``: one allreduce in flight per communicator."""
     tunable: frozenset[str] = frozenset()
     """The names of `TUNABLE` the user left at their defaults (``auto`` may change them)."""
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Settings for the algorithms that take them (``inter_nranks`` of ``hierarchical``, from
+    ``hierarchical_allreduce_inter_nranks`` when set); `longboat.comm.algorithms.make`."""
 
     def describe(self) -> str:
         """E.g. ``shm (one node, CPU)``."""
@@ -129,6 +136,33 @@ class LocalSGDPlan:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class OptimizerPlan:
+    """What becomes of the user's optimizer, besides the stages the other plans add."""
+
+    replace_with: str | None
+    """``"lars"`` or ``"lamb"``: Fleet's meta-optimizer the user's SGD/Adam becomes."""
+    config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Its ``lars_configs`` / ``lamb_configs``."""
+    fused_kernels: bool = False
+    """``fuse_all_optimizer_ops``: the optimizer's multi-tensor (foreach/fused) kernels."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeSettings:
+    """Fleet fields that map onto PyTorch process settings; None leaves PyTorch's own."""
+
+    num_threads: int | None = None
+    """``num_threads``: ``torch.set_num_threads``."""
+    cudnn_benchmark: bool | None = None
+    """``cudnn_exhaustive_search``: ``torch.backends.cudnn.benchmark``."""
+    conv_workspace_mb: int | None = None
+    """``conv_workspace_size_limit``: cuDNN's workspace limit (``CUDNN_CONV_WSCAP_DBG``)."""
+    compiled_fusion: bool = False
+    """``fuse_elewise_add_act_ops``/``fuse_bn_act_ops``/``fuse_relu_depthwise_conv``: the
+    model runs under ``torch.compile``, which fuses such kernels."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CollectivePlan:
     """Everything collective training runs with, resolved once from a Strategy."""
 
@@ -144,6 +178,19 @@ class CollectivePlan:
     """``fuse_broadcast_ops``: the start-up broadcast in one message per dtype."""
     auto: bool
     """``Strategy(auto=True)``: try other `CommPlan` settings on the first steps."""
+    choice: CommChoice
+    """What `comm` was placed from; `on` places it anew."""
+    optimizer: OptimizerPlan
+    runtime: RuntimeSettings
+    recompute: RecomputeConfig | None
+    trace: TraceConfig
+    shared_settings: Mapping[str, tuple[Any, str]]
+    """Every Strategy setting ranks must agree on, as ``{"field" or "field.key": (value,
+    source)}``; ``lb.distribute`` compares them across ranks."""
+
+    def on(self, placement: Placement) -> CollectivePlan:
+        """This plan on another placement (an elastic job's new world)."""
+        return replace(self, comm=self.choice.on(placement))
 
     @property
     def label(self) -> str:
@@ -161,8 +208,9 @@ class CollectivePlan:
 
 def resolve(strategy: Strategy, placement: Placement) -> CollectivePlan:
     """The plan ``strategy`` runs with on ``placement`` (pure: no collective, no live state)."""
+    choice = CommChoice.of(strategy)
     return CollectivePlan(
-        comm=resolve_comm(strategy, placement),
+        comm=choice.on(placement),
         compression=resolve_compression(strategy),
         amp=MappingProxyType(dict(strategy.amp_configs)) if strategy.amp else None,
         merge=_merge(strategy),
@@ -171,41 +219,96 @@ def resolve(strategy: Strategy, placement: Placement) -> CollectivePlan:
         sync_batch_norm=bool(strategy.sync_batch_norm),
         coalesce_broadcast=bool(strategy.fuse_broadcast_ops),
         auto=bool(strategy.auto),
+        choice=choice,
+        optimizer=_optimizer(strategy),
+        runtime=_runtime(strategy),
+        recompute=RecomputeConfig.of(strategy.recompute, strategy.recompute_configs),
+        trace=TraceConfig.of(strategy),
+        shared_settings=MappingProxyType(strategy.shared_settings()),
     )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommChoice:
+    """The Strategy's communication settings before a placement is known: None (or
+    `TOPOLOGY`) where the topology decides. An elastic rebuild places it anew."""
+
+    algorithm: str
+    """A registered algorithm, ``"hierarchical"`` for ``use_hierarchical_allreduce``, or
+    `TOPOLOGY`."""
+    reason: str
+    """Why, when the algorithm is the user's."""
+    fuse: bool
+    bucket_mb: float | None
+    layers_per_bucket: int
+    last_bucket_mb: float
+    communicators: int | None
+    serial: bool
+    tunable: frozenset[str]
+    options: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, strategy: Strategy) -> CommChoice:
+        """What ``strategy`` says; a field left at its default leaves the choice open."""
+
+        def user_set(*names: str) -> bool:
+            return any(strategy.source(name) != "default" for name in names)
+
+        if strategy.use_hierarchical_allreduce:
+            algorithm, reason = "hierarchical", "use_hierarchical_allreduce"
+        else:
+            algorithm, reason = str(strategy.allreduce_algorithm), "set by the strategy"
+        bucket = strategy.fuse_grad_size_in_MB if user_set("fuse_grad_size_in_MB") else None
+        comms = strategy.nccl_comm_num if user_set("nccl_comm_num") else None
+        options: dict[str, Any] = {}
+        if user_set(INTER_NRANKS):
+            options["inter_nranks"] = int(getattr(strategy, INTER_NRANKS))
+        tunable = {
+            "algorithm": not user_set("allreduce_algorithm", "use_hierarchical_allreduce"),
+            "bucket_mb": bool(strategy.fuse_all_reduce_ops) and bucket is None,
+            "communicators": comms is None,
+        }
+        return cls(
+            algorithm=algorithm,
+            reason=reason,
+            fuse=bool(strategy.fuse_all_reduce_ops),
+            bucket_mb=None if bucket is None else float(bucket),
+            layers_per_bucket=int(strategy.fuse_grad_size_in_TFLOPS),
+            last_bucket_mb=float(strategy.last_comm_group_size_MB),
+            communicators=None if comms is None else int(comms),
+            serial=bool(strategy.sync_nccl_allreduce),
+            tunable=frozenset(name for name, free in tunable.items() if free),
+            options=MappingProxyType(options),
+        )
+
+    def on(self, placement: Placement) -> CommPlan:
+        """The plan on ``placement``: the user's values, else the topology's."""
+        rule = comm_defaults(placement.node_of, placement.backend, placement.spans_world)
+        algorithm, reason = self.algorithm, self.reason
+        if algorithm == TOPOLOGY:
+            algorithm, reason = rule.algorithm, rule.reason
+        return CommPlan(
+            algorithm=algorithm,
+            reason=reason,
+            broadcast=ALGORITHMS.entry(algorithm).broadcast,
+            fuse=self.fuse,
+            bucket_mb=float(
+                rule.fuse_grad_size_in_MB if self.bucket_mb is None else self.bucket_mb
+            ),
+            layers_per_bucket=self.layers_per_bucket,
+            last_bucket_mb=self.last_bucket_mb,
+            communicators=int(
+                rule.nccl_comm_num if self.communicators is None else self.communicators
+            ),
+            serial=self.serial,
+            tunable=self.tunable,
+            options=self.options,
+        )
 
 
 def resolve_comm(strategy: Strategy, placement: Placement) -> CommPlan:
     """The algorithm, buckets and communicators: the user's values, else the topology's."""
-    rule = comm_defaults(placement.node_of, placement.backend, placement.spans_world)
-
-    def user_set(*names: str) -> bool:
-        return any(strategy.source(name) != "default" for name in names)
-
-    if strategy.use_hierarchical_allreduce:
-        algorithm, reason = "hierarchical", "use_hierarchical_allreduce"
-    elif str(strategy.allreduce_algorithm) == TOPOLOGY:
-        algorithm, reason = rule.algorithm, rule.reason
-    else:
-        algorithm, reason = str(strategy.allreduce_algorithm), "set by the strategy"
-    bucket = strategy.fuse_grad_size_in_MB if user_set("fuse_grad_size_in_MB") else None
-    comms = strategy.nccl_comm_num if user_set("nccl_comm_num") else None
-    tunable = {
-        "algorithm": not user_set("allreduce_algorithm", "use_hierarchical_allreduce"),
-        "bucket_mb": bool(strategy.fuse_all_reduce_ops) and bucket is None,
-        "communicators": comms is None,
-    }
-    return CommPlan(
-        algorithm=algorithm,
-        reason=reason,
-        broadcast=ALGORITHMS.entry(algorithm).broadcast,
-        fuse=bool(strategy.fuse_all_reduce_ops),
-        bucket_mb=float(rule.fuse_grad_size_in_MB if bucket is None else bucket),
-        layers_per_bucket=int(strategy.fuse_grad_size_in_TFLOPS),
-        last_bucket_mb=float(strategy.last_comm_group_size_MB),
-        communicators=int(rule.nccl_comm_num if comms is None else comms),
-        serial=bool(strategy.sync_nccl_allreduce),
-        tunable=frozenset(name for name, free in tunable.items() if free),
-    )
+    return CommChoice.of(strategy).on(placement)
 
 
 def selected_compressor(strategy: Strategy) -> Entry:
@@ -242,3 +345,34 @@ def _local_sgd(strategy: Strategy) -> LocalSGDPlan | None:
         c = strategy.adaptive_localsgd_configs
         return LocalSGDPlan(adaptive=True, k_steps=c["init_k_steps"], begin_step=c["begin_step"])
     return None
+
+
+def _optimizer(strategy: Strategy) -> OptimizerPlan:
+    kind = "lars" if strategy.lars else "lamb" if strategy.lamb else None
+    config = dict(getattr(strategy, f"{kind}_configs")) if kind is not None else {}
+    return OptimizerPlan(
+        replace_with=kind,
+        config=MappingProxyType(config),
+        fused_kernels=bool(strategy.fuse_all_optimizer_ops),
+    )
+
+
+def _runtime(strategy: Strategy) -> RuntimeSettings:
+    """Only the fields the user set: at their defaults PyTorch's own behaviour is left alone."""
+
+    def user_value(name: str) -> Any:
+        return getattr(strategy, name) if strategy.source(name) != "default" else None
+
+    threads = user_value("num_threads")
+    cudnn = user_value("cudnn_exhaustive_search")
+    workspace = user_value("conv_workspace_size_limit")
+    return RuntimeSettings(
+        num_threads=None if threads is None else int(threads),
+        cudnn_benchmark=None if cudnn is None else bool(cudnn),
+        conv_workspace_mb=None if workspace is None else int(workspace),
+        compiled_fusion=bool(
+            strategy.fuse_elewise_add_act_ops
+            or strategy.fuse_bn_act_ops
+            or strategy.fuse_relu_depthwise_conv
+        ),
+    )

@@ -6,7 +6,7 @@ import torch
 
 from longboat.collective.engine import build_reducer, join_world, live_placement
 from longboat.collective.model import DistributedModel
-from longboat.collective.plan import resolve
+from longboat.trace import attach
 
 
 class RebuildError(ValueError):
@@ -15,15 +15,15 @@ class RebuildError(ValueError):
 
 def check_rebuildable(model: DistributedModel) -> None:
     """Refuse, up front, Strategy settings whose state is bound to one world."""
-    strategy = model.strategy
-    if strategy is None:
+    plan = model.plan
+    if plan is None:  # not built by lb.distribute
         return
     if model.tuner is not None:
         raise RebuildError(
             "Strategy(auto=True) times reducers for one world; elastic training needs fixed "
             "settings: set auto=False and the fields the tuner chose (longboat bench comm)"
         )
-    if strategy.dgc:
+    if plan.compression.name == "dgc":
         raise RebuildError(
             "DGC keeps residuals and momentum per rank, which a new world cannot take over; "
             "elastic training supports the other compressors: set dgc=False"
@@ -41,11 +41,12 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     ``lb.distribute`` returned, records its steps into the new timeline).
     """
     check_rebuildable(model)
-    strategy = model.strategy
+    if model.plan is None:
+        raise RebuildError("only a model lb.distribute returned can move to a new world")
     old = model.reducer
     old.remove_hooks()
-    plan = resolve(strategy, live_placement())  # the new world's placement decides anew
-    comm = join_world(model.module, strategy, plan)  # meets newcomers in lb.distribute's calls
+    plan = model.plan.on(live_placement())  # the new world's placement decides anew
+    comm = join_world(model.module, plan)  # meets newcomers in lb.distribute's calls
     reducer, compressors = build_reducer(
         list(zip(old.names, old.params, strict=True)),
         plan,
@@ -57,6 +58,4 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     model.plan = plan
     model.compressors = tuple(compressors)
     model.micro_step = 0
-    from longboat.trace import attach  # timeline and stall inspector for the new world
-
-    attach(model, optimizer, strategy)  # the optimizer's timeline stage records anew
+    attach(model, optimizer, plan.trace)  # the optimizer's timeline stage records anew

@@ -25,6 +25,7 @@ from longboat.elastic.membership import (
     require_elastic_dir,
     write_ack,
 )
+from longboat.elastic.world import survivor
 
 
 def place_in_round(found: ClusterInfo) -> ClusterInfo:
@@ -56,6 +57,7 @@ def place_in_round(found: ClusterInfo) -> ClusterInfo:
         num_nodes=membership.group_world_size,
         node_key=f"node:{membership.group_rank}",
         elastic_round=membership,
+        carries_state=survivor(),
     )
 
 

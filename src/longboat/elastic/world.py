@@ -39,17 +39,9 @@ _survivor = False  # this process went through a membership change with its stat
 
 
 def survivor() -> bool:
-    """True once this rank moved to a new round keeping its state (not a newcomer)."""
+    """True once this rank moves to a new round keeping its state (not a newcomer): its
+    place in the round says so (``ClusterInfo.carries_state``)."""
     return _survivor
-
-
-def any_survivor() -> bool:
-    """Collective: does any rank of the current world carry state from an earlier round?
-    (Then ``State.sync`` hands the state to everyone and broadcasting rank 0's fresh
-    parameters first would only cost time.)"""
-    flag = torch.tensor([int(_survivor)])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
 
 
 def is_elastic() -> bool:
@@ -101,10 +93,10 @@ def regroup(reason: str, lost_peer: bool, strategy: object = None) -> Membership
             request_regroup(directory, local_rank, old_token, reason)
         membership = _wait_for_round(directory, old_token)
         write_ack(directory, local_rank, membership.token)  # alive and following: not hung
+        global _survivor
+        _survivor = True  # joins the round with its state
         try:
             cluster.init(strategy)  # with the startup lb.init handed down first
-            global _survivor
-            _survivor = True
             return membership
         except Exception as exc:
             if not (isinstance(exc, ClusterError) or is_peer_failure(exc)):

@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from longboat.ps.plan import DEFAULT_MIN_BLOCK_SIZE
+from longboat.recompute import RecomputeConfig
+from longboat.trace.config import TraceConfig
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,10 @@ class PSConfig:
     #: sync: steps of pushed gradients kept to replay after a server restarts from its
     #: checkpoint (0: off; default twice ``LONGBOAT_PS_CHECKPOINT_EVERY``)
     recovery_window: int = 0
+    #: the timeline and the stall inspection of server replies (None: both off)
+    trace: TraceConfig | None = None
+    #: submodules that recompute their activations in backward (None: off)
+    recompute: RecomputeConfig | None = None
 
     @classmethod
     def from_strategy(cls, strategy: Any, **overrides: Any) -> PSConfig:
@@ -59,6 +65,8 @@ class PSConfig:
             queue_size=int(c["send_queue_size"]),
             wait_times=int(c["send_wait_times"]),
             recovery_window=2 * checkpoint_every() if mode == "sync" else 0,
+            trace=TraceConfig.of(strategy),
+            recompute=RecomputeConfig.of(strategy.recompute, strategy.recompute_configs),
         )
         return replace(cfg, **overrides)
 

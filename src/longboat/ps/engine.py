@@ -74,12 +74,10 @@ class PSEngine:
         token: str,
         trainer: int,
         trainers: int,
-        strategy: Any = None,
         timeout: float | None = None,
     ) -> None:
-        """Connect to the servers at ``endpoints``. ``strategy`` (optional) turns on the
-        timeline (``timeline``) and the stall inspection of server replies
-        (``stall_warning_seconds`` / ``stall_shutdown_seconds``); ``timeout`` bounds every call."""
+        """Connect to the servers at ``endpoints``. ``cfg.trace`` (optional) turns on the
+        timeline and the stall inspection of server replies; ``timeout`` bounds every call."""
         mode = modes.get(cfg.mode)
         if not cfg.update_on_server and not mode.trainer_optimizer:
             raise ValueError(
@@ -98,12 +96,13 @@ class PSEngine:
         self.closed = False  # close() ran
         self.trace = None  # the timeline's PSObserver (Strategy.timeline)
         stall = None
-        if strategy is not None:
-            self.trace = make_observer(strategy, trainer, trainers, lambda: self.step_no)
-            if float(strategy.stall_warning_seconds) > 0:
-                shutdown = float(strategy.stall_shutdown_seconds)
+        if cfg.trace is not None:
+            self.trace = make_observer(cfg.trace, trainer, trainers, lambda: self.step_no)
+            if cfg.trace.inspects_stalls:
                 stall = ReplyWatch(
-                    float(strategy.stall_warning_seconds), shutdown, self.explain_wait
+                    cfg.trace.stall_warning_seconds,
+                    cfg.trace.stall_shutdown_seconds,
+                    self.explain_wait,
                 )
         self._explainer = StallExplainer(
             trainer, trainers, mode.sync, lambda: self.step_no,
@@ -444,16 +443,16 @@ def distribute(
         raise ValueError("parameter-server mode needs the optimizer: lb.distribute(model, opt, s)")
     if isinstance(model, PSModel):
         raise ValueError("this model was already passed to lb.distribute")
-    apply_recompute(model, strategy)
-    apply_sparse_table_configs(model, strategy.sparse_table_configs)
     cfg = PSConfig.from_strategy(strategy, **overrides)
+    apply_recompute(model, cfg.recompute)
+    apply_sparse_table_configs(model, strategy.sparse_table_configs)
     if servers is None or trainer is None or trainers is None:
         env_servers, env_trainer, env_trainers = cluster_from_env()
         servers = env_servers if servers is None else servers
         trainer = env_trainer if trainer is None else trainer
         trainers = env_trainers if trainers is None else trainers
     token = token or auth.load_token()
-    engine = PSEngine(model, optimizer, cfg, servers, token, trainer, trainers, strategy, timeout)
+    engine = PSEngine(model, optimizer, cfg, servers, token, trainer, trainers, timeout)
     make_current(engine)
     return PSModel(model, engine), PSOptimizer(engine, optimizer)
 

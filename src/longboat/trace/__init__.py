@@ -16,6 +16,7 @@ wait.
 
 import sys
 
+from longboat.trace.config import TraceConfig
 from longboat.trace.observer import Observer, attach, current_observer, data, save
 from longboat.trace.ps import PSObserver
 from longboat.trace.recorder import Recorder, load, merge, rank_path
@@ -39,6 +40,7 @@ __all__ = [
     "RankStats",
     "Recorder",
     "StallWatch",
+    "TraceConfig",
     "attach",
     "collective_watch",
     "current_observer",

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from longboat.cluster import on_shutdown
 from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest
+from longboat.trace.config import TraceConfig, TraceFields
 from longboat.trace.recorder import Recorder, comm_lane
 from longboat.trace.stall import StallWatch
 
@@ -209,17 +210,20 @@ class RecordStep(Stage):
             return rest(closure, **kwargs)
 
 
-def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -> Any:
-    """Install an observer on ``model`` (a DistributedModel) as ``strategy`` asks; returns the
-    optimizer. When the timeline is on, a `StagedOptimizer` (what ``lb.distribute`` returns)
-    gets a `RecordStep` stage, replacing one an earlier attach gave it (a rebuild); any other
-    optimizer is returned as it is.
+def attach(
+    model: Any, optimizer: torch.optim.Optimizer | None, config: TraceConfig | TraceFields
+) -> Any:
+    """Install an observer on ``model`` (a DistributedModel) as ``config`` (a `TraceConfig`,
+    or a Strategy) asks; returns the optimizer. When the timeline is on, a `StagedOptimizer`
+    (what ``lb.distribute`` returns) gets a `RecordStep` stage, replacing one an earlier
+    attach gave it (a rebuild); any other optimizer is returned as it is.
 
     The observer is closed (stall thread stopped, timeline finished) at the next
     ``lb.shutdown``, before the process group goes, or else at exit.
     """
-    timeline = strategy.timeline
-    warning = float(strategy.stall_warning_seconds)
+    config = TraceConfig.of(config)
+    timeline = config.timeline
+    warning = config.stall_warning_seconds
     serial = next(_state().serial)  # in the same order on every rank
     name_sync_batchnorms(getattr(model, "module", model))
     if not timeline and warning <= 0:
@@ -237,7 +241,7 @@ def attach(model: Any, optimizer: torch.optim.Optimizer | None, strategy: Any) -
             world,
             reducer.bucket_members(),
             warning,
-            float(strategy.stall_shutdown_seconds),
+            config.stall_shutdown_seconds,
         )
     if recorder is None and watch is None:
         return optimizer

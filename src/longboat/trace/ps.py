@@ -27,6 +27,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from longboat.trace import observer as _observer
+from longboat.trace.config import TraceConfig
 from longboat.trace.recorder import Recorder
 from longboat.trace.stall import shown
 
@@ -134,11 +135,13 @@ class PSObserver:
         self.recorder.save()
 
 
-def make_observer(strategy: Any, trainer: int, trainers: int, step: Callable[[], int]) -> Any:
-    """The PS trainer's observer when ``strategy.timeline`` is set, else None."""
-    if not strategy.timeline:
+def make_observer(
+    config: TraceConfig, trainer: int, trainers: int, step: Callable[[], int]
+) -> PSObserver | None:
+    """The PS trainer's observer when ``config.timeline`` is set, else None."""
+    if not config.timeline:
         return None
-    return PSObserver(Recorder(strategy.timeline, trainer, trainers, 0), step)
+    return PSObserver(Recorder(config.timeline, trainer, trainers, 0), step)
 
 
 class StallExplainer:

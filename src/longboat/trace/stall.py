@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from longboat.cluster import on_shutdown
 from longboat.log import get_logger
+from longboat.trace.config import TraceConfig
 
 log = get_logger("longboat.stall")
 
@@ -457,21 +458,16 @@ def waiting(
     return watch.waiting(label, timeout_s)
 
 
-def watch_collectives(strategy: Any = None) -> CollectiveWatch | None:
-    """Start (or retune) this process group's `CollectiveWatch` with ``strategy``'s
-    ``stall_warning_seconds`` / ``stall_shutdown_seconds`` (the defaults without one); stop
-    it when the warning is 0 or there is one rank. A watch started here is stopped by the
-    next ``lb.shutdown``, before the process group goes."""
+def watch_collectives(config: TraceConfig) -> CollectiveWatch | None:
+    """Start (or retune) this process group's `CollectiveWatch` with ``config``'s
+    ``stall_warning_seconds`` / ``stall_shutdown_seconds``; stop it when the warning is 0 or
+    there is one rank. A watch started here is stopped by the next ``lb.shutdown``, before the
+    process group goes."""
     global _collectives
     with _collectives_lock:
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        if not hasattr(strategy, "stall_warning_seconds"):  # None, or not a Strategy
-            from longboat.strategy import Strategy
-
-            strategy = Strategy()
-        warning = float(strategy.stall_warning_seconds)
-        shutdown = float(strategy.stall_shutdown_seconds)
+        warning, shutdown = config.stall_warning_seconds, config.stall_shutdown_seconds
         group = dist.group.WORLD
         old = _collectives
         if old is not None and old.group is group and warning > 0:

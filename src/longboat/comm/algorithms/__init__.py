@@ -11,8 +11,9 @@ touching the reducer or the Strategy; see ``docs/algorithms.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -34,9 +35,25 @@ register = ALGORITHMS.register  # decorator: selectable as Strategy.allreduce_al
 names = ALGORITHMS.names
 
 
-def make(name: str, group: dist.ProcessGroup) -> AllreduceFn:
-    """Build algorithm ``name`` for ``group`` (collective: every rank, in the same order)."""
-    return ALGORITHMS.get(name)(group)
+def make(
+    name: str, group: dist.ProcessGroup, options: Mapping[str, Any] | None = None
+) -> AllreduceFn:
+    """Build algorithm ``name`` for ``group`` (collective: every rank, in the same order).
+
+    ``options``: the plan's algorithm settings (``CommPlan.options``, e.g. ``inter_nranks``);
+    each goes to a factory that takes it by name, and a factory taking ``**options`` (one that
+    builds others, like ``auto``) gets them all to pass on.
+    """
+    factory = ALGORITHMS.get(name)
+    return factory(group, **_taken_by(factory, options or {}))
+
+
+def _taken_by(factory: Callable[..., Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    params = inspect.signature(factory).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return dict(options)
+    names = {p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    return {key: value for key, value in options.items() if key in names}
 
 
 class Done:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,10 +48,11 @@ def _time(fn: AllreduceFn, tensor: torch.Tensor, group: dist.ProcessGroup) -> fl
 
 
 @register("auto", broadcast=True)
-def make_auto(group: dist.ProcessGroup) -> AllreduceFn:
-    """Measure the candidates on ``group`` and dispatch each tensor to the fastest."""
+def make_auto(group: dist.ProcessGroup, **options: Any) -> AllreduceFn:
+    """Measure the candidates on ``group`` and dispatch each tensor to the fastest
+    (``options``: the plan's, for the candidates that take them)."""
     choices = candidates(group)
-    fns = {name: make(name, group) for name in choices}
+    fns = {name: make(name, group, options) for name in choices}
     if len(fns) == 1 or dist.get_world_size(group) == 1:
         return fns["native"]
     times = torch.zeros(len(SIZES), len(choices), dtype=torch.float64)

@@ -163,16 +163,6 @@ def plan_nodes(members: list[int], topology: Topology, inter_nranks: int | None)
     return [ordered[i : i + inter_nranks] for i in range(0, world, inter_nranks)]
 
 
-def configured_inter_nranks() -> int | None:
-    """The strategy's ``hierarchical_allreduce_inter_nranks`` if set explicitly, else None."""
-    strategy = cluster.current_strategy()
-    value = getattr(strategy, INTER_NRANKS_FIELD, None) if strategy is not None else None
-    source = getattr(strategy, "source", None)
-    if value is None or (callable(source) and source(INTER_NRANKS_FIELD) == "default"):
-        return None
-    return int(value)
-
-
 def build_groups(
     group: dist.ProcessGroup, members: list[int], nodes: list[list[int]]
 ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
@@ -239,8 +229,9 @@ def make_hierarchical(
     """Asynchronous hierarchical allreduce over ``group`` (collective: every rank of the group
     calls it, in the same order).
 
-    ``inter_nranks``: ranks per lower-level group; default the strategy's explicit
-    ``hierarchical_allreduce_inter_nranks``, else the topology's ranks per node.
+    ``inter_nranks``: ranks per lower-level group (the plan passes the Strategy's
+    ``hierarchical_allreduce_inter_nranks`` when the user set it); default the topology's
+    ranks per node.
     ``intra``: the intra-node stage (:func:`intra_node_names`; "auto": shared memory on Gloo,
     the torch collectives otherwise); ``inter``: the registered allreduce algorithm used
     across nodes.
@@ -254,8 +245,6 @@ def make_hierarchical(
         raise ValueError("the inter-node stage of hierarchical allreduce cannot be hierarchical")
     size = dist.get_world_size(group)
     members = [dist.get_global_rank(group, i) for i in range(size)]
-    if inter_nranks is None:
-        inter_nranks = configured_inter_nranks()
     nodes = plan_nodes(members, cluster.topology(), inter_nranks)
     intra_group, inter_group = build_groups(group, members, nodes)
     state = Hierarchical(

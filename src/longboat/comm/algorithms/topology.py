@@ -8,6 +8,8 @@ NCCL and with one rank per node: the rule of
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.distributed as dist
 
 from longboat.cluster.topology import CommDefaults, comm_defaults
@@ -28,6 +30,7 @@ def group_defaults(group: dist.ProcessGroup) -> CommDefaults:
 
 
 @register("topology", tune=False)
-def make_topology(group: dist.ProcessGroup) -> AllreduceFn:
-    """By topology: shm on one node, hierarchical across nodes of several ranks, else native."""
-    return make(group_defaults(group).algorithm, group)
+def make_topology(group: dist.ProcessGroup, **options: Any) -> AllreduceFn:
+    """By topology: shm on one node, hierarchical across nodes of several ranks, else native
+    (``options``: the plan's, for the one chosen)."""
+    return make(group_defaults(group).algorithm, group, options)
