@@ -52,14 +52,15 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         return
     info = session.init()
     strategy = cluster.current_strategy()
-    algorithm = "native"
+    algorithm, options = "native", None
     if strategy is not None:  # the strategy's choice on this placement, as lb.distribute's
         from longboat.collective.engine import live_placement
         from longboat.collective.plan import resolve_comm
 
-        algorithm = resolve_comm(strategy, live_placement()).algorithm
+        comm = resolve_comm(strategy, live_placement())
+        algorithm, options = comm.algorithm, comm.options
     timeout_s = cluster.job_timeout().total_seconds()
-    _controller = Controller(info.rank, info.world_size, timeout_s, algorithm)
+    _controller = Controller(info.rank, info.world_size, timeout_s, algorithm, options=options)
     cluster.on_shutdown(shutdown)  # before lb.shutdown destroys the process group
     atexit.unregister(_close_at_exit)
     atexit.register(_close_at_exit)  # runs before lb's own atexit shutdown (LIFO)

@@ -38,6 +38,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,9 +105,11 @@ class Controller(Collectives):
         timeout_s: float,
         algorithm: str = "native",
         groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None,
+        options: Mapping[str, Any] | None = None,
     ):
         """``rank``/``world`` within the ranks negotiating (a process set's, or every rank);
-        ``groups``: its (control, data) process groups, made here over every rank if None."""
+        ``groups``: its (control, data) process groups, made here over every rank if None;
+        ``algorithm`` and ``options``: the plan's (`longboat.collective.plan.CommPlan`)."""
         self.rank = rank
         self.world = world
         self.timeout_s = timeout_s
@@ -117,7 +120,7 @@ class Controller(Collectives):
         if groups is None:
             groups = (*make_communicators(2),)  # bounded by the job's timeout
         self.control, self.data = groups
-        self._sum = algorithms.make(algorithm, self.data)
+        self._sum = algorithms.make(algorithm, self.data, options)
         # torch's current CUDA device is per thread: the negotiation thread adopts this one
         nccl = dist.get_backend(self.data) == "nccl"
         self._cuda_device = torch.cuda.current_device() if nccl else None
