@@ -2,20 +2,27 @@
 
 python -m longboat launch --nproc-per-node 2 tests/trace/stall_probe.py SLEEP [WARN SHUTDOWN]
 
-Without WARN and SHUTDOWN the strategy keeps its defaults.
+Without WARN and SHUTDOWN the strategy keeps its defaults. Called in-process, ``hold`` replaces
+the sleep (a wait that ends on an event, e.g. once rank 0 has warned).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 
-def train(sleep_s: float, warning_s: float | None = None, shutdown_s: float | None = None) -> None:
+def train(
+    sleep_s: float,
+    warning_s: float | None = None,
+    shutdown_s: float | None = None,
+    hold: Callable[[], None] | None = None,
+) -> None:
     import longboat as lb
 
     strategy = lb.Strategy()
@@ -30,7 +37,10 @@ def train(sleep_s: float, warning_s: float | None = None, shutdown_s: float | No
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         if step == 1 and lb.rank() == 1:
-            time.sleep(sleep_s)  # rank 0 waits in the allreduce meanwhile
+            if hold is not None:
+                hold()  # rank 0 waits in the allreduce meanwhile
+            else:
+                time.sleep(sleep_s)
         loss.backward()
         opt.step()
 

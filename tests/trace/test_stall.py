@@ -19,22 +19,47 @@ PROBE = Path(__file__).with_name("stall_probe.py")
 PARAMS = ["0.weight", "0.bias", "2.weight", "2.bias"]
 
 
-def _warned(rank: int, world_size: int) -> list[str]:
-    records: list[str] = []
+HOLD_S = 30.0  # the longest a late rank waits for rank 0's warning before it goes on anyway
+
+
+def _keep_warnings(records: list[str], flags: Path, stage: list[str]) -> None:
+    """Append this rank's stall warnings to ``records``; each one also marks, in the directory
+    ``flags`` shared by the ranks, that a warning was logged during ``stage[0]``."""
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record.getMessage())
+            (flags / f"warned-{stage[0]}").touch()
 
     logging.getLogger("longboat.stall").addHandler(Keep(logging.WARNING))
-    train(sleep_s=5.0, warning_s=2.0, shutdown_s=0.0)
+
+
+def _late_until_warned(flags: Path, stage: str) -> None:
+    """Stay late until rank 0 has warned during ``stage`` (at most HOLD_S seconds: without a
+    warning the late rank goes on, and the test's assertions say what is missing)."""
+    deadline = time.monotonic() + HOLD_S
+    while not (flags / f"warned-{stage}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _warned(rank: int, world_size: int, flags: str) -> list[str]:
+    records: list[str] = []
+    _keep_warnings(records, Path(flags), ["step"])
+    train(
+        sleep_s=0.0,
+        warning_s=1.0,
+        shutdown_s=0.0,
+        hold=lambda: _late_until_warned(Path(flags), "step"),
+    )
     return records
 
 
-def test_late_rank_is_named_with_its_missing_tensors() -> None:
-    warned = run_ranks(_warned, 2, timeout=120)
+def test_late_rank_is_named_with_its_missing_tensors(tmp_path: Path) -> None:
+    warned = run_ranks(_warned, 2, str(tmp_path), timeout=120)
     assert warned[1] == []  # rank 1 never waited
-    assert warned[0], "rank 0 waited 5 s with stall_warning_seconds=2 but logged no warning"
+    assert warned[0], (
+        f"rank 0 waited {HOLD_S:g} s with stall_warning_seconds=1 but logged no warning"
+    )
     text = warned[0][0]
     assert text.startswith("rank 0 has waited ")
     assert "for the allreduce of bucket 0" in text
@@ -46,13 +71,13 @@ def test_late_rank_is_named_with_its_missing_tensors() -> None:
 
 def test_stall_shutdown_ends_the_job_non_zero(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "longboat", "launch", "--nproc-per-node", "2"]
-    cmd += ["--log-dir", str(tmp_path / "log"), str(PROBE), "60", "2", "4"]
+    cmd += ["--log-dir", str(tmp_path / "log"), str(PROBE), "60", "1", "2"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     text = out.stdout + out.stderr
     assert out.returncode != 0, text
     assert f"rank 0 exited with code {STALL_EXIT_CODE}" in text  # the launcher names it
     assert "Missing ranks: 1: [" in text
-    assert "stall_shutdown_seconds=4" in text
+    assert "stall_shutdown_seconds=2" in text
 
 
 @pytest.mark.slow  # slow tier: waits out a job timeout
@@ -93,9 +118,9 @@ def test_finished_reads_future_state(value: bool) -> None:
     assert finished(f) is value
 
 
-def _named_waits(rank: int, world_size: int) -> list[str]:
-    """Rank 1 is late (2.5 s) for a barrier, a SyncBatchNorm forward and a local-SGD averaging;
-    rank 0 (stall_warning_seconds=1) returns its warnings."""
+def _named_waits(rank: int, world_size: int, flags: str) -> list[str]:
+    """Rank 1 is late (until rank 0 has warned) for a barrier, a SyncBatchNorm forward and a
+    local-SGD averaging; rank 0 (stall_warning_seconds=1) returns its warnings."""
     from collections import OrderedDict
 
     import torch
@@ -105,12 +130,14 @@ def _named_waits(rank: int, world_size: int) -> list[str]:
     import longboat as lb
 
     records: list[str] = []
+    stage = ["setup"]
+    _keep_warnings(records, Path(flags), stage)
 
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
+    def late(name: str) -> None:
+        stage[0] = name
+        if rank == 1:
+            _late_until_warned(Path(flags), name)
 
-    logging.getLogger("longboat.stall").addHandler(Keep(logging.WARNING))
     strategy = lb.Strategy(
         stall_warning_seconds=1,
         sync_batch_norm=True,
@@ -122,23 +149,22 @@ def _named_waits(rank: int, world_size: int) -> list[str]:
     layers = [("fc", nn.Linear(4, 4)), ("bn1", nn.BatchNorm1d(4)), ("head", nn.Linear(4, 2))]
     model = nn.Sequential(OrderedDict(layers))
     model, opt = lb.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
-    late = 2.5 if rank == 1 else 0.0
     x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-    time.sleep(late)
+    late("barrier")
     lb.barrier()  # rank 0 waits here: "barrier"
     records.append("-- barrier done")
-    time.sleep(late)
+    late("forward")
     loss = F.cross_entropy(model(x), y)  # rank 0 waits in bn1's forward allreduce
     records.append("-- forward done")
     loss.backward()
-    time.sleep(late)
+    late("step")
     opt.step()  # rank 0 waits in the parameter averaging
     records.append("-- step done")
     return records
 
 
-def test_barrier_sync_bn_and_local_sgd_waits_are_named() -> None:
-    warned = run_ranks(_named_waits, 2, timeout=90)
+def test_barrier_sync_bn_and_local_sgd_waits_are_named(tmp_path: Path) -> None:
+    warned = run_ranks(_named_waits, 2, str(tmp_path), timeout=120)
     assert [w for w in warned[1] if not w.startswith("--")] == []  # rank 1 never waited
     stages: dict[str, list[str]] = {}
     current: list[str] = []
