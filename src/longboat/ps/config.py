@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from longboat.ps.plan import DEFAULT_MIN_BLOCK_SIZE
 from longboat.recompute import RecomputeConfig
 from longboat.trace.config import TraceConfig
+
+if TYPE_CHECKING:
+    from longboat.strategy import Strategy
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class PSConfig:
     recompute: RecomputeConfig | None = None
 
     @classmethod
-    def from_strategy(cls, strategy: Any, **overrides: Any) -> PSConfig:
+    def from_strategy(cls, strategy: Strategy, **overrides: Any) -> PSConfig:
         c = strategy.a_sync_configs
         k = int(c["k_steps"])
         if not strategy.a_sync:

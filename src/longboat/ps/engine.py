@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from longboat.ps.wire import Message
 from longboat.ps.wrappers import PSModel, PSOptimizer
 from longboat.recompute import apply_recompute
 from longboat.trace.ps import StallExplainer, make_observer
+
+if TYPE_CHECKING:
+    from longboat.strategy import Strategy
 
 __all__ = ["MODES", "PSConfig", "PSEngine", "PSModel", "PSOptimizer", "cluster_from_env",
            "current", "distribute", "save"]  # fmt: skip
@@ -424,7 +427,7 @@ class PSEngine:
 def distribute(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
-    strategy: Any,
+    strategy: Strategy,
     *,
     servers: Sequence[str] | None = None,
     trainer: int | None = None,
