@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from longboat.cluster.env import variable
+
 MAGIC = int.from_bytes(b"LBSHM\x00\x01\x00", "little")
 NAME_PREFIX = "lb-shm-"
 HEADER_BYTES = 4096
@@ -54,7 +56,7 @@ _HEAD = struct.Struct("=6q")
 
 def shm_dir() -> Path:
     """Where segments live: LONGBOAT_SHM_DIR, else /dev/shm."""
-    return Path(os.environ.get("LONGBOAT_SHM_DIR", "/dev/shm"))
+    return Path(variable("LONGBOAT_SHM_DIR", default="/dev/shm"))
 
 
 def segment_path(prefix: str, rank: int, generation: int) -> Path:

@@ -3,7 +3,6 @@ new round its launcher published (`longboat.elastic.membership`)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import longboat.cluster as cluster
+from longboat.cluster.env import variable
 from longboat.cluster.runtime import ClusterError
 from longboat.elastic.failures import describe, is_peer_failure
 from longboat.elastic.lost_links import leave_round
@@ -112,7 +112,7 @@ def regroup(reason: str, lost_peer: bool, strategy: object = None) -> Membership
 
 def _launch_timeout() -> float:
     """How long joining a round may take in all (the launcher's --timeout)."""
-    return float(os.environ.get("LONGBOAT_LAUNCH_TIMEOUT", "300"))
+    return float(variable("LONGBOAT_LAUNCH_TIMEOUT", default=300.0))
 
 
 def _leave(close_connections: bool) -> None:

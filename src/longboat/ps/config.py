@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from longboat.cluster.env import variable
 from longboat.ps.plan import DEFAULT_MIN_BLOCK_SIZE
 from longboat.recompute import RecomputeConfig
 from longboat.trace.config import TraceConfig
@@ -77,9 +78,7 @@ class PSConfig:
 def checkpoint_every(env: Mapping[str, str] | None = None) -> int:
     """The servers' checkpoint period (``LONGBOAT_PS_CHECKPOINT_EVERY``, 0: none), which the
     launcher gives every rank of the job."""
-    env = os.environ if env is None else env
-    text = env.get("LONGBOAT_PS_CHECKPOINT_EVERY", "").strip()
-    return int(text) if text.isdigit() else 0
+    return int(variable("LONGBOAT_PS_CHECKPOINT_EVERY", env, default=0))
 
 
 def cluster_from_env(env: Mapping[str, str] | None = None) -> tuple[list[str], int, int]:

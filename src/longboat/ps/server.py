@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from longboat.cluster.env import variable
 from longboat.log import get_logger
 from longboat.ps import auth, checkpoint, guard, schema, wire
 from longboat.ps.client import METHODS, SERVICE, max_message_bytes
@@ -355,7 +356,9 @@ def make_server(
         if env.get("POD_IP") and env.get("POD_IP") != "127.0.0.1" and "PADDLE_PORT" in env:
             endpoint = f"{env['POD_IP']}:{env['PADDLE_PORT']}"
     if index is None:
-        index = int(env.get("LONGBOAT_ROLE_RANK", env.get("PADDLE_PSERVER_ID", "0")))
+        index = variable("LONGBOAT_ROLE_RANK", env)
+        if index is None:
+            index = int(env.get("PADDLE_PSERVER_ID", "0"))
     if num_servers is None:
         num_servers = len(servers) or 1
     every = (
