@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def init(
-    strategy: Any = None, backend: str | None = None, timeout: float | None = None
+    strategy: Strategy | None = None, backend: str | None = None, timeout: float | None = None
 ) -> ClusterInfo:
     """Join the cluster described by the environment (torchrun, Paddle, Horovod, Slurm, Open
     MPI or ``longboat launch`` variables); returns this process's ClusterInfo.

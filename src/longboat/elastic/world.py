@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,9 @@ from longboat.elastic.membership import (
     write_commits,
 )
 from longboat.log import get_logger
+
+if TYPE_CHECKING:
+    from longboat.strategy import Strategy
 
 _log = get_logger("longboat.elastic")
 _POLL_S = 0.05
@@ -75,7 +79,7 @@ def record_commits(commits: int) -> None:
         write_commits(directory, cluster.local_rank(), commits)
 
 
-def regroup(reason: str, lost_peer: bool, strategy: object = None) -> Membership:
+def regroup(reason: str, lost_peer: bool, strategy: Strategy | None = None) -> Membership:
     """Leave the current process group and join the next round; return it.
 
     ``lost_peer``: this rank saw a peer fail, so it asks its launcher for a new round unless
