@@ -94,12 +94,13 @@ def shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return t[rank * per : (rank + 1) * per]
 
 
-def reference(cfg: Config, world: int) -> dict[str, torch.Tensor]:
-    """Single-process training on the global batch (mean of the ranks' equal-size shards)."""
+def reference(cfg: Config, world: int, steps: int = STEPS) -> dict[str, torch.Tensor]:
+    """Single-process training on the global batch (mean of the ranks' equal-size shards), for
+    the first ``steps`` (at most STEPS) steps of `data`."""
     model = build_model(cfg, seed=0)
     opt = build_optimizer(cfg, model)
     x, y = data(cfg)
-    for step in range(STEPS):
+    for step in range(steps):
         opt.zero_grad()
         for micro in range(cfg.k_steps):
             i = step * cfg.k_steps + micro
