@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,9 +41,11 @@ def train(
     token: str,
     steps: int = STEPS,
     late_s: float = 0.0,
+    hold: Callable[[], None] | None = None,
     **fields: object,
 ) -> None:
-    """``steps`` sync steps; with ``late_s`` trainer 1 sleeps that long before its step-1 push."""
+    """``steps`` sync steps; with ``late_s`` trainer 1 sleeps that long before its step-1 push
+    (with ``hold``, it calls that instead: a wait that ends on an event)."""
     import longboat as lb
 
     model = _model()
@@ -61,7 +64,9 @@ def train(
         x, y = torch.randn(4, 8, generator=gen), torch.randint(0, 2, (4,), generator=gen)
         opt.zero_grad()
         loss = F.cross_entropy(m(x), y)
-        if step == 1 and rank == 1 and late_s:
+        if step == 1 and rank == 1 and hold is not None:
+            hold()  # the other trainer's pull of step 1 waits for this push
+        elif step == 1 and rank == 1 and late_s:
             time.sleep(late_s)  # the other trainer's pull of step 1 waits for this push
         loss.backward()
         opt.step()
@@ -111,23 +116,39 @@ def test_ps_timeline_has_a_ps_lane_per_trainer(tmp_path: Path) -> None:
     assert all(s.steps == STEPS and s.comm_ms > 0 for s in stats)
 
 
-def _warnings(rank: int, world: int, eps: list[str], token: str) -> list[str]:
+HOLD_S = 30.0  # the longest trainer 1 stays late waiting for trainer 0's warning
+
+
+def _warnings(rank: int, world: int, eps: list[str], token: str, flags: str) -> list[str]:
+    """Trainer 1 is late for its step-1 push until trainer 0 has warned about its pull of step
+    1 (a file in ``flags``; at most HOLD_S seconds, then it goes on and the test says what is
+    missing)."""
     records: list[str] = []
+    warned = Path(flags, "warned")
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record.getMessage())
+            if "has not answered pull of step 1" in record.getMessage():
+                warned.touch()
+
+    def hold() -> None:
+        deadline = time.monotonic() + HOLD_S
+        while not warned.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     logging.getLogger("longboat.stall").addHandler(Keep(logging.WARNING))
-    train(rank, world, eps, token, late_s=4.0, stall_warning_seconds=1)
+    train(rank, world, eps, token, hold=hold, stall_warning_seconds=1)
     return records
 
 
-def test_late_push_warns_naming_server_method_step_and_keys() -> None:
+def test_late_push_warns_naming_server_method_step_and_keys(tmp_path: Path) -> None:
     with servers(2) as (eps, token):
-        warned = run_ranks(_warnings, WORLD, eps, token, timeout=90)
+        warned = run_ranks(_warnings, WORLD, eps, token, str(tmp_path), timeout=90)
     pulls = [w for w in warned[0] if "has not answered pull of step 1" in w]
-    assert pulls, f"trainer 0 waited ~4 s with stall_warning_seconds=1 but warned {warned[0]}"
+    assert pulls, (
+        f"trainer 0 waited up to {HOLD_S:g} s with stall_warning_seconds=1 but warned {warned[0]}"
+    )
     text = pulls[0]
     server = int(re.search(r"parameter server (\d) ", text).group(1))  # type: ignore[union-attr]
     assert f"({eps[server]})" in text  # the endpoint
