@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -75,26 +76,32 @@ def test_four_ranks_two_emulated_nodes() -> None:
         assert res["same"] is True
 
 
-def _adopt_then_stall(rank: int, world_size: int) -> dict:
-    """Adopt a user-made group; then rank 1 skips a barrier so rank 0's must time out."""
+def _adopt_then_stall(rank: int, world_size: int, flags: str) -> dict:
+    """Adopt a user-made group; then rank 1 skips a barrier so rank 0's must time out (rank 1
+    waits until rank 0's barrier has ended, at most 30 s, before it goes on)."""
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     info = lc.init()
     error = ""
+    ended = Path(flags, "barrier-ended")
     if rank == 0:
         try:
-            lc.barrier(timeout=2)
+            lc.barrier(timeout=1)
         except lc.ClusterError as exc:
             error = str(exc)
+        finally:
+            ended.touch()
     else:
-        time.sleep(4)
+        deadline = time.monotonic() + 30
+        while not ended.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     lc.shutdown()
     still = dist.is_initialized()
     return {"info": (info.rank, info.world_size, info.backend), "error": error, "still": still}
 
 
-def test_adopted_group_and_barrier_timeout_names_missing_rank() -> None:
-    results = run_ranks(_adopt_then_stall, 2, timeout=60)
+def test_adopted_group_and_barrier_timeout_names_missing_rank(tmp_path: Path) -> None:
+    results = run_ranks(_adopt_then_stall, 2, str(tmp_path), timeout=60)
     assert [r["info"] for r in results] == [(0, 2, "gloo"), (1, 2, "gloo")]
     assert all(r["still"] for r in results), "shutdown must leave a user-made group alone"
-    assert "within 2s" in results[0]["error"]
+    assert "within 1s" in results[0]["error"]
     assert re.search(r"Ranks? 1 failed", results[0]["error"]), results[0]["error"]
