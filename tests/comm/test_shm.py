@@ -216,24 +216,32 @@ def test_dead_rank_raises_names_it_and_removes_all_segments(prefix, tmp_path):
     assert _files(prefix) == []
 
 
-def _late(rank: int, world: int, prefix: str) -> str:
+def _late(rank: int, world: int, prefix: str, flags: str) -> str:
     from longboat.comm.algorithms.shm import ShmComm
 
     dist.init_process_group("gloo")
     comm = ShmComm(prefix=prefix, timeout=1.0 if rank == 0 else 60.0, small_bytes=1024)
+    gave_up = Path(flags, "rank0-done")
     if rank == 1:
-        time.sleep(3)  # rank 0 gives up meanwhile and flags the abort in rank 1's segment
+        # rank 0 gives up meanwhile and flags the abort in rank 1's segment (then the file says
+        # so); at most 30 s
+        deadline = time.monotonic() + 30
+        while not gave_up.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     start = time.monotonic()
     try:
         comm.allreduce(torch.ones(4096))  # reduce-scatter: rank 1 waits for 'reduced' too
         message = "no error"
     except (TimeoutError, RuntimeError) as exc:
         message = f"{type(exc).__name__}: {exc}"
+    finally:
+        if rank == 0:
+            gave_up.touch()
     return f"{message} after {time.monotonic() - start:.1f}s"
 
 
-def test_timeout_names_the_late_rank_and_aborts_the_others(prefix):
-    first, second = run_ranks(_late, 2, prefix, timeout=60)
+def test_timeout_names_the_late_rank_and_aborts_the_others(prefix, tmp_path):
+    first, second = run_ranks(_late, 2, prefix, str(tmp_path), timeout=60)
     assert first.startswith("TimeoutError") and "waited 1s for 'written' #1" in first
     assert "rank 1 at #0" in first and "LONGBOAT_TIMEOUT" in first
     # rank 1 (60 s timeout) stops at once: rank 0's abort flag, not its own timeout
