@@ -123,8 +123,26 @@ def _check(cases: list[Case], results: list[list[dict[str, Any] | None]]) -> Non
             assert int(got["n"]) == int(ref["n"]) == case[3]
 
 
-def test_two_ranks_match_batchnorm_on_global_batch() -> None:
-    _check(CASES_2, run_ranks(_cases_rank, 2, CASES_2))
+def _two_ranks(rank: int, world: int) -> dict[str, Any]:
+    """Everything the 2-rank tests check, from one spawn: the cases, the mean loss / eval /
+    bf16 / size-1 group checks and the training run (each with its own modules and groups)."""
+    import longboat as lb
+
+    lb.init()
+    return {
+        "cases": [_run_case(rank, case) for case in CASES_2],
+        "misc": _misc(rank, world),
+        "train": _train_both(rank, world),
+    }
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict[str, Any]]:
+    return run_ranks(_two_ranks, 2)
+
+
+def test_two_ranks_match_batchnorm_on_global_batch(two_ranks: list[dict[str, Any]]) -> None:
+    _check(CASES_2, [r["cases"] for r in two_ranks])
 
 
 def test_three_ranks_unequal_and_empty_local_batches() -> None:
@@ -138,10 +156,7 @@ def _loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((y - target) ** 2 * torch.arange(1.0, C + 1).view(1, C, 1, 1)).mean()
 
 
-def _misc_rank(rank: int, world: int) -> dict[str, Any]:
-    import longboat as lb
-
-    lb.init()
+def _misc(rank: int, world: int) -> dict[str, Any]:
     sizes = [4] * world
     x, target = _data(sizes, (5, 5), 7)
     out: dict[str, Any] = {}
@@ -192,9 +207,9 @@ def _misc_rank(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def test_mean_loss_eval_bf16_and_size_one_groups() -> None:
+def test_mean_loss_eval_bf16_and_size_one_groups(two_ranks: list[dict[str, Any]]) -> None:
     world, sizes = 2, [4, 4]
-    got = run_ranks(_misc_rank, world)
+    got = [r["misc"] for r in two_ranks]
     x, target = _data(sizes, (5, 5), 7)
     bn = nn.BatchNorm2d(C)
     _affine(bn)
@@ -264,17 +279,14 @@ def _train(model: nn.Module, rank: int, world: int) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _train_rank(rank: int, world: int) -> dict[str, dict[str, torch.Tensor]]:
-    import longboat as lb
-
-    lb.init()
+def _train_both(rank: int, world: int) -> dict[str, dict[str, torch.Tensor]]:
     model = convert_sync_batchnorm(_net())
     assert sum(isinstance(m, SyncBatchNorm) for m in model.modules()) == 2
     return {"sync": _train(model, rank, world), "plain": _train(_net(), rank, world)}
 
 
-def test_training_equals_single_process_batchnorm() -> None:
-    got = run_ranks(_train_rank, 2)
+def test_training_equals_single_process_batchnorm(two_ranks: list[dict[str, Any]]) -> None:
+    got = [r["train"] for r in two_ranks]
     want = _train(_net(), 0, 1)
     for state in (g["sync"] for g in got):
         assert state.keys() == want.keys()
