@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.nn import functional as F
 
@@ -64,14 +65,24 @@ def _train(rank: int, world: int, dtype: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def _both(rank: int, world: int) -> dict[str, dict[str, torch.Tensor]]:
+    """The float16 and the bfloat16 run, one after the other in one spawn."""
+    return {dtype: _train(rank, world, dtype) for dtype in ("float16", "bfloat16")}
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict[str, dict[str, torch.Tensor]]]:
+    return run_ranks(_both, WORLD, timeout=240)
+
+
 def _reference(skip: int | None) -> dict[str, torch.Tensor]:
     model = build_model(CFG, seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     return train_global_batch(model, opt, CFG, WORLD, skip=skip)
 
 
-def test_float16_overflow_on_one_rank_skips_the_step_everywhere():
-    results = run_ranks(_train, WORLD, "float16", timeout=120)
+def test_float16_overflow_on_one_rank_skips_the_step_everywhere(runs):
+    results = [r["float16"] for r in runs]
     expected = _reference(skip=OVERFLOW_STEP)
     for rank, r in enumerate(results):
         assert bool(r["logits_dtype"]), "forward did not run under float16 autocast"
@@ -84,8 +95,8 @@ def test_float16_overflow_on_one_rank_skips_the_step_everywhere():
     assert all(torch.equal(results[0][n], results[1][n]) for n in expected)
 
 
-def test_bfloat16_trains_like_float32():
-    results = run_ranks(_train, WORLD, "bfloat16", timeout=120)
+def test_bfloat16_trains_like_float32(runs):
+    results = [r["bfloat16"] for r in runs]
     expected = _reference(skip=None)
     for r in results:
         assert bool(r["logits_dtype"]) and "scale" not in r  # bf16 needs no loss scaling
