@@ -62,6 +62,9 @@ def _train_all(rank: int, world: int) -> dict[str, dict[str, torch.Tensor]]:
             opt.step()
         out[kind] = params_of(model)
         out[kind + "-type"] = {"name": torch.tensor([ord(c) for c in type(opt.inner).__name__])}
+    # the sync BN and fp16-allreduce runs too: one spawn for every test of this file
+    out["sync_bn"] = _train_sync_bn(rank, world)
+    out["fp16_allreduce"] = _train_fp16_allreduce(rank, world)
     return out
 
 
@@ -117,7 +120,6 @@ def _bn_data() -> tuple[torch.Tensor, torch.Tensor]:
 def _train_sync_bn(rank: int, world: int) -> dict[str, torch.Tensor]:
     import longboat as lb
 
-    lb.init()
     model = _bn_model()
     dmodel, opt = lb.distribute(
         model, torch.optim.SGD(model.parameters(), lr=0.1), lb.Strategy(sync_batch_norm=True)
@@ -131,8 +133,8 @@ def _train_sync_bn(rank: int, world: int) -> dict[str, torch.Tensor]:
     return {n: t.detach().clone() for n, t in dmodel.module.state_dict().items()}
 
 
-def test_sync_batch_norm_matches_batch_norm_on_the_global_batch():
-    results = run_ranks(_train_sync_bn, WORLD, timeout=120)
+def test_sync_batch_norm_matches_batch_norm_on_the_global_batch(results):
+    results = [r["sync_bn"] for r in results]
     model = _bn_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = _bn_data()
@@ -150,7 +152,6 @@ def test_sync_batch_norm_matches_batch_norm_on_the_global_batch():
 def _train_fp16_allreduce(rank: int, world: int) -> dict[str, torch.Tensor]:
     import longboat as lb
 
-    lb.init()
     model = build_model(CFG, seed=rank)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     dmodel, opt = lb.distribute(model, opt, lb.Strategy(fp16_allreduce=True))
@@ -165,8 +166,8 @@ def _train_fp16_allreduce(rank: int, world: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_fp16_allreduce_trains_like_float32_and_halves_the_bytes():
-    results = run_ranks(_train_fp16_allreduce, WORLD, timeout=120)
+def test_fp16_allreduce_trains_like_float32_and_halves_the_bytes(results):
+    results = [r["fp16_allreduce"] for r in results]
     model = build_model(CFG, seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     train_global_batch(model, opt, CFG, WORLD)  # trains `model` in place
