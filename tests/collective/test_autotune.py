@@ -163,11 +163,28 @@ class _FakeClock:
         return self.now
 
 
-@pytest.mark.parametrize(
-    "cfg", [Config(), Config(k_steps=2, set_to_none=False)], ids=["sgd", "merge2-zeroed"]
-)
-def test_training_during_and_after_the_trial_is_exact(cfg: Config) -> None:
-    results = run_ranks(_train_auto, 2, cfg, False)
+EXACT = {"sgd": Config(), "merge2-zeroed": Config(k_steps=2, set_to_none=False)}
+
+
+def _train_every_case(rank: int, world: int) -> dict[str, dict[str, Any]]:
+    """Every 2-rank case of this file in one spawn, each with its own model and lb.distribute;
+    the fake clock's case last (it replaces autotune.clock)."""
+    out = {name: _train_auto(rank, world, cfg, False) for name, cfg in EXACT.items()}
+    out["slow"] = _train_auto(rank, world, Config(), True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict[str, dict[str, Any]]]:
+    return run_ranks(_train_every_case, 2, timeout=360)
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_training_during_and_after_the_trial_is_exact(
+    runs: list[dict[str, dict[str, Any]]], name: str
+) -> None:
+    cfg = EXACT[name]
+    results = [r[name] for r in runs]
     if cfg.k_steps == 1:
         model = build_model(cfg, seed=0)
         expected = train_global_batch(model, build_optimizer(cfg, model), cfg, 2)
@@ -191,8 +208,8 @@ def test_training_during_and_after_the_trial_is_exact(cfg: Config) -> None:
     assert first["bytes"] > 0
 
 
-def test_choice_follows_the_slowest_rank() -> None:
-    first, second = run_ranks(_train_auto, 2, Config(), True)
+def test_choice_follows_the_slowest_rank(runs: list[dict[str, dict[str, Any]]]) -> None:
+    first, second = (r["slow"] for r in runs)
     # rank 0 alone would pick candidate 1 (0.5 s); its MAX over ranks is 100 s: candidate 2 wins
     assert first["medians"] == second["medians"]
     assert first["medians"][1] == pytest.approx(100.0) and first["medians"][2] == pytest.approx(0.8)
