@@ -49,8 +49,9 @@ def _time(fn: AllreduceFn, tensor: torch.Tensor, group: dist.ProcessGroup) -> fl
 
 @register("auto", broadcast=True)
 def make_auto(group: dist.ProcessGroup, **options: Any) -> AllreduceFn:
-    """Measure the candidates on ``group`` and dispatch each tensor to the fastest
-    (``options``: the plan's, for the candidates that take them)."""
+    """Measure the candidates on ``group`` and dispatch each tensor to the fastest.
+
+    ``options``: the plan's, for the candidates that take them."""
     choices = candidates(group)
     fns = {name: make(name, group, options) for name in choices}
     if len(fns) == 1 or dist.get_world_size(group) == 1:

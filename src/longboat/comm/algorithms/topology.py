@@ -31,6 +31,7 @@ def group_defaults(group: dist.ProcessGroup) -> CommDefaults:
 
 @register("topology", tune=False)
 def make_topology(group: dist.ProcessGroup, **options: Any) -> AllreduceFn:
-    """By topology: shm on one node, hierarchical across nodes of several ranks, else native
-    (``options``: the plan's, for the one chosen)."""
+    """By topology: shm on one node, hierarchical across nodes of several ranks, else native.
+
+    ``options``: the plan's, for the one chosen."""
     return make(group_defaults(group).algorithm, group, options)
