@@ -85,10 +85,28 @@ def _stalls_per_step(rank: int, world: int, names: list[str]) -> dict[str, list]
     return results
 
 
+def _two_rank_cases(rank: int, world: int) -> dict[str, object]:
+    """Every 2-rank run of this file in one spawn, each with its own model and lb.distribute:
+    channels-last first (under the CPU policy, before the GPU policy is forced on), the
+    deferred unused parameter last (it ends in an error)."""
+    out: dict[str, object] = {"channels_last": _channels_last(rank, world)}
+    out["stalls"] = _stalls_per_step(rank, world, list(SCENARIOS))
+    out["deferred_unused"] = _deferred_unused(rank, world)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict]:
+    return run_ranks(_two_rank_cases, 2, timeout=300)
+
+
 @pytest.mark.parametrize("world", [1, 2])
-def test_training_steps_stall_the_host_at_most_as_allowed(world):
+def test_training_steps_stall_the_host_at_most_as_allowed(world, request):
     names = list(SCENARIOS)
-    per_rank = run_ranks(_stalls_per_step, world, names, timeout=240)
+    if world == 2:
+        per_rank = [r["stalls"] for r in request.getfixturevalue("two_ranks")]
+    else:
+        per_rank = run_ranks(_stalls_per_step, world, names, timeout=240)
     for rank, results in enumerate(per_rank):
         for name in names:
             steps, events = results[name]
@@ -112,8 +130,8 @@ def test_counter_sees_a_python_scalar_written_into_a_device_tensor():
     assert counter.counts() == {"copy": 1, "read": 2}
 
 
-def test_unused_parameter_found_on_another_rank_is_reported_at_the_next_step():
-    messages = run_ranks(_deferred_unused, 2, timeout=60)
+def test_unused_parameter_found_on_another_rank_is_reported_at_the_next_step(two_ranks):
+    messages = [r["deferred_unused"] for r in two_ranks]
     for msg in messages:
         assert "extra" in msg and "find_unused_parameters=True" in msg
 
@@ -159,7 +177,7 @@ def _channels_last(rank: int, world: int) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in net.named_parameters()}
 
 
-def test_channels_last_gradients_keep_the_parameter_layout_and_values():
+def test_channels_last_gradients_keep_the_parameter_layout_and_values(two_ranks):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten())
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
@@ -170,6 +188,6 @@ def test_channels_last_gradients_keep_the_parameter_layout_and_values():
             [net(x[step][r * 4 : (r + 1) * 4]).square().mean() for r in range(2)]
         ).mean().backward()
         opt.step()
-    for ranks in run_ranks(_channels_last, 2, timeout=60):
+    for ranks in (r["channels_last"] for r in two_ranks):
         for name, p in net.named_parameters():
             torch.testing.assert_close(ranks[name], p.detach(), rtol=1e-5, atol=1e-6)
