@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from tests._dist import run_ranks
 from tests.collective._workloads import Config, build_model, data, shard
+
+
+def _every_case(rank: int, world: int) -> dict[str, object]:
+    """Every 2-rank case of this file in one spawn, each with its own model and lb.distribute
+    (a refused lb.distribute leaves the group usable, as the settings case shows); the unused
+    parameter last, as it fails inside a backward."""
+    return {
+        "no_sync": _no_sync_and_merge(rank, world),
+        "mismatched": _mismatched(rank, world),
+        "settings": _mismatched_settings(rank, world),
+        "unused": _unused_without_flag(rank, world),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict[str, object]]:
+    return run_ranks(_every_case, 2, timeout=180)
 
 
 def _mismatched(rank: int, world: int) -> str:
@@ -23,8 +41,8 @@ def _mismatched(rank: int, world: int) -> str:
     return "no error"
 
 
-def test_mismatched_models_raise_on_every_rank():
-    messages = run_ranks(_mismatched, 2, timeout=30)
+def test_mismatched_models_raise_on_every_rank(runs):
+    messages = [r["mismatched"] for r in runs]
     for msg in messages:
         assert "rank 1 differs from rank 0" in msg
         assert "'1.weight'" in msg and "(8, 8)" in msg and "(9, 8)" in msg
@@ -71,8 +89,8 @@ def _mismatched_settings(rank: int, world: int) -> dict[str, str]:
     return messages
 
 
-def test_mismatched_settings_raise_on_every_rank_naming_the_field():
-    results = run_ranks(_mismatched_settings, 2, timeout=120)
+def test_mismatched_settings_raise_on_every_rank_naming_the_field(runs):
+    results = [r["settings"] for r in runs]
     assert results[0] == results[1]  # the same message on every rank
     for field, changes in _MISMATCHES.items():
         msg = results[0][field]
@@ -108,8 +126,8 @@ def _unused_without_flag(rank: int, world: int) -> str:
     return "no error"
 
 
-def test_unused_parameter_without_find_unused_names_it_on_every_rank():
-    messages = run_ranks(_unused_without_flag, 2, timeout=30)
+def test_unused_parameter_without_find_unused_names_it_on_every_rank(runs):
+    messages = [r["unused"] for r in runs]
     for msg in messages:
         assert "'extra.weight' (no gradient on 1 of 2 ranks)" in msg
         assert "find_unused_parameters=True" in msg
@@ -136,9 +154,9 @@ def _no_sync_and_merge(rank: int, world: int) -> dict[str, torch.Tensor]:
     }
 
 
-def test_no_sync_accumulates_then_averages():
+def test_no_sync_accumulates_then_averages(runs):
     world = 2
-    results = run_ranks(_no_sync_and_merge, world, timeout=60)
+    results = [r["no_sync"] for r in runs]
     cfg = Config()
     ref = build_model(cfg, seed=0)
     x, y = data(cfg)
