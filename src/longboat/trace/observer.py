@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing.util
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -43,6 +44,10 @@ class _Session:
 
 
 _session: _Session | None = None
+
+_RECORD_WAIT_S = 2.0
+"""At close, how long finished allreduces may take to reach the timeline (their callbacks run
+on the thread that completed them); one that never finishes is not waited for longer."""
 
 
 def _state() -> _Session:
@@ -93,6 +98,8 @@ class Observer:
         self._backward_start: float | None = None
         self._backward_end = 0.0
         self._lane_free: dict[int, float] = {}  # communicator -> when its last allreduce ended
+        self._unrecorded = 0  # allreduces whose completion is not yet in the timeline
+        self._recorded = threading.Condition()
 
     # -- DistributedModel.forward -------------------------------------------------------------
 
@@ -145,8 +152,13 @@ class Observer:
             start = max(launched, self._lane_free.get(comm, launched))  # in order per comm
             self._lane_free[comm] = end
             rec.complete(comm_lane(comm), f"allreduce b{bucket}", start, end, "comm", args)
+            with self._recorded:
+                self._unrecorded -= 1
+                self._recorded.notify_all()
 
-        future.add_done_callback(done)
+        with self._recorded:
+            self._unrecorded += 1
+        future.add_done_callback(done)  # runs on the thread that completes it, maybe later
         return handle
 
     def backward_end(self) -> None:
@@ -182,6 +194,8 @@ class Observer:
         if self.watch is not None:
             self.watch.close()
         if self.recorder is not None:
+            with self._recorded:  # a finished allreduce's callback may still be on its way
+                self._recorded.wait_for(lambda: self._unrecorded <= 0, timeout=_RECORD_WAIT_S)
             self.recorder.save()
 
 
