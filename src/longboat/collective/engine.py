@@ -43,6 +43,7 @@ from longboat.collective.sync_bn import convert_sync_batchnorm
 from longboat.comm import algorithms
 from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.compress import make_compressor
+from longboat.comm.exchange import any_rank
 from longboat.comm.groups import make_communicators
 from longboat.comm.serial import SerialAllreduce
 from longboat.log import get_logger
@@ -117,11 +118,8 @@ def _state_carried_over() -> bool:
     """Collective in an elastic round: does any rank keep training state from an earlier
     round (``ClusterInfo.carries_state``)? Then ``State.sync`` hands it to everyone, and
     broadcasting rank 0's fresh parameters first would only cost time."""
-    if cluster.cluster().elastic_round is None:
-        return False
-    flag = torch.tensor([int(cluster.cluster().carries_state)])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    info = cluster.cluster()
+    return info.elastic_round is not None and any_rank(info.carries_state)
 
 
 @dataclasses.dataclass(frozen=True)

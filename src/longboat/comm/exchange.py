@@ -6,15 +6,25 @@ import torch
 import torch.distributed as dist
 
 
-def _device_for(group: dist.ProcessGroup | None) -> torch.device:
+def control_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where the tensors of ``group``'s collectives live: the current GPU under NCCL, which
+    has no CPU collectives, else the CPU."""
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
+def any_rank(flag: bool, group: dist.ProcessGroup | None = None) -> bool:
+    """Collective: is ``flag`` true on any rank of ``group``? Every rank gets the same answer
+    (one MAX allreduce of one integer; the host waits for it)."""
+    value = torch.tensor([int(flag)], device=control_device(group))
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value.item())
+
+
 def allgather_bytes(data: bytes, group: dist.ProcessGroup | None = None) -> list[bytes]:
     """Every rank's ``data``, indexed by rank in ``group``; sizes may differ between ranks."""
-    device = _device_for(group)
+    device = control_device(group)
     world = dist.get_world_size(group)
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
     sizes = [torch.empty_like(size) for _ in range(world)]

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 import longboat.cluster as cluster
+from longboat.comm.exchange import control_device
 from longboat.elastic import world
 from longboat.elastic.membership import ElasticError
 from longboat.elastic.sampler import ElasticSampler
@@ -212,7 +213,7 @@ class State:
             self._has_state = True  # alone, this rank holds the state: a joiner receives it
             self._reshard()
             return 0
-        device = _collective_device()
+        device = control_device()
         counts = [
             torch.zeros(1, dtype=torch.long, device=device) for _ in range(dist.get_world_size())
         ]
@@ -246,7 +247,7 @@ class State:
         differ. One all-gather of a few integers per rank."""
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             return
-        device = _collective_device()
+        device = control_device()
         mine = torch.tensor(self.digest(), dtype=torch.long, device=device)
         gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, mine)
@@ -269,7 +270,7 @@ class State:
         )
 
     def _broadcast_payload(self, source: int) -> bytes | None:
-        device = _collective_device()
+        device = control_device()
         payload = torch.empty(0, dtype=torch.uint8, device=device)
         if dist.get_rank() == source:
             buffer = io.BytesIO()
@@ -353,13 +354,6 @@ class State:
         self._has_state = True
         self.save()
         return True
-
-
-def _collective_device() -> torch.device:
-    """Where tensors of this process group's collectives live (NCCL: the current GPU)."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _hash(node: Any) -> int:

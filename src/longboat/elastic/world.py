@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 
 import longboat.cluster as cluster
 from longboat.cluster.env import variable
 from longboat.cluster.runtime import ClusterError
+from longboat.comm.exchange import any_rank
 from longboat.elastic.failures import describe, is_peer_failure
 from longboat.elastic.lost_links import leave_round
 from longboat.elastic.membership import (
@@ -67,9 +67,7 @@ def change_pending() -> bool:
     if mine is None or not dist.is_initialized():
         return False
     published = read_membership(require_elastic_dir())
-    flag = torch.tensor([int(published is not None and published.token != mine.token)])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    return any_rank(published is not None and published.token != mine.token)
 
 
 def record_commits(commits: int) -> None:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from longboat.comm.algorithms import AllreduceFn, Handle, make, register
+from longboat.comm.exchange import control_device
 from longboat.log import get_logger
 from longboat.registry import ALGORITHMS, suits
 
@@ -41,8 +42,10 @@ def _time(fn: AllreduceFn, tensor: torch.Tensor, group: dist.ProcessGroup) -> fl
     samples = []
     for _ in range(_REPEATS):
         dist.barrier(group=group)
+        _finish(tensor)
         start = time.perf_counter()
         fn(tensor).wait()
+        _finish(tensor)  # a CUDA wait() only orders the stream: time the work itself
         samples.append(time.perf_counter() - start)
     return sorted(samples)[len(samples) // 2]
 
@@ -56,19 +59,27 @@ def make_auto(group: dist.ProcessGroup, **options: Any) -> AllreduceFn:
     fns = {name: make(name, group, options) for name in choices}
     if len(fns) == 1 or dist.get_world_size(group) == 1:
         return fns["native"]
+    device = control_device(group)  # the GPU under NCCL: what its buckets will be
     times = torch.zeros(len(SIZES), len(choices), dtype=torch.float64)
     for i, size in enumerate(SIZES):
-        tensor = torch.ones(size // 4, dtype=torch.float32)
+        tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
         for j, name in enumerate(choices):
             times[i, j] = _time(fns[name], tensor, group)
-    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)  # the same choice everywhere
-    winners = [choices[int(j)] for j in times.argmin(dim=1)]
+    slowest = times.to(device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # the same choice everywhere
+    winners = [choices[int(j)] for j in slowest.cpu().argmin(dim=1)]
     if dist.get_rank() == 0:
         log.info(
             "auto allreduce: %s",
             ", ".join(f"{_human(s)} -> {w}" for s, w in zip(SIZES, winners, strict=True)),
         )
     return _dispatcher([fns[w] for w in winners])
+
+
+def _finish(tensor: torch.Tensor) -> None:
+    """Wait until the device has done the work queued so far (start-up timing only)."""
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
 
 
 def _dispatcher(per_size: list[AllreduceFn]) -> AllreduceFn:

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from longboat.cluster import job_timeout
 from longboat.comm.algorithms import AllreduceFn, Done, register
 from longboat.comm.background import BackgroundAllreduce
+from longboat.comm.exchange import control_device
 from longboat.comm.shm_segment import (
     NAME_PREFIX,
     PAGE,
@@ -131,7 +132,7 @@ class ShmComm:
         self.rank, self.size = dist.get_rank(self.group), len(self.ranks)
         self.timeout = job_timeout().total_seconds() if timeout is None else float(timeout)
         self.piece_bytes, self.small_bytes = max(PAGE, piece_bytes), small_bytes
-        self._device = _collective_device(self.group)
+        self._device = control_device(self.group)
         if not shm_dir().is_dir():
             raise RuntimeError(
                 f"shm allreduce needs a shared-memory directory: {shm_dir()} does not exist "
@@ -406,12 +407,6 @@ def _sum_into(out: torch.Tensor, inputs: list[torch.Tensor]) -> None:
     torch.add(inputs[0], inputs[1], out=out)
     for more in inputs[2:]:
         out.add_(more)
-
-
-def _collective_device(group: dist.ProcessGroup) -> torch.device:
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def check_one_node(group: dist.ProcessGroup, ranks: list[int], device: torch.device) -> None:

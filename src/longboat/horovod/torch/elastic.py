@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from longboat.comm.exchange import control_device
 from longboat.elastic import world
 from longboat.elastic.failures import describe, is_peer_failure
 from longboat.elastic.run import run as _lb_run
@@ -156,8 +157,11 @@ class State(_LbState):
         the counts agree, as Horovod's sync broadcasts from rank 0."""
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             return super().sync()
-        counts = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
-        dist.all_gather(counts, torch.tensor([self.commits]))
+        device = control_device()  # the GPU under NCCL, which has no CPU collectives
+        counts = [
+            torch.zeros(1, dtype=torch.long, device=device) for _ in range(dist.get_world_size())
+        ]
+        dist.all_gather(counts, torch.tensor([self.commits], device=device))
         values = [int(c.item()) for c in counts]
         source = values.index(max(values))
         self._receive(self._broadcast_payload(source), source)
