@@ -11,6 +11,7 @@ from torch.nn import functional as F
 
 from tests._dist import run_ranks
 from tests.collective._workloads import (
+    STEPS,
     Config,
     build_model,
     build_optimizer,
@@ -44,9 +45,12 @@ CONFIGS = GRID + EXTRA
 # set_to_none) and unused parameters to act over several steps; a wrong sum, scale or missed
 # bucket shows from the first step on at rtol 1e-5. The first EQ_STEPS of `data`'s steps.
 EQ_STEPS = 5
+# One run over all of `data`'s STEPS: a small error that grows step by step (momentum, Adam
+# state, merged micro-batches, bucket views, three communicators) has room to show.
+LONG = Config(optimizer="adam", comms=3, cap_mb=0.001, k_steps=4, set_to_none=False)
 
 
-def _train(rank: int, world: int, cfg: Config) -> dict[str, torch.Tensor]:
+def _train(rank: int, world: int, cfg: Config, steps: int = EQ_STEPS) -> dict[str, torch.Tensor]:
     import longboat as lb
 
     model = build_model(cfg, seed=rank)  # different init per rank: distribute must broadcast
@@ -64,7 +68,7 @@ def _train(rank: int, world: int, cfg: Config) -> dict[str, torch.Tensor]:
         strategy.gradient_merge_configs = {"k_steps": cfg.k_steps, "avg": True}
     dmodel, dopt = lb.distribute(model, opt, strategy)
     x, y = data(cfg)
-    for i in range(EQ_STEPS * cfg.k_steps):
+    for i in range(steps * cfg.k_steps):
         dopt.zero_grad(set_to_none=cfg.set_to_none)
         loss = F.cross_entropy(
             dmodel(shard(x[i], rank, world), rank=rank), shard(y[i], rank, world)
@@ -110,6 +114,7 @@ def _all_configs(rank: int, world: int) -> dict[str, dict[str, torch.Tensor]]:
         except ValueError as e:  # shm across the two emulated nodes must be refused
             assert cfg.algorithm == "shm" and "on one node" in str(e), e
             out[cfg.name] = {"__refused__": torch.ones(1)}
+    out["long-" + LONG.name] = _train(rank, world, LONG, STEPS)
     for cfg in (Config(optimizer="sgd"), Config(optimizer="adam")):
         out["ddp-" + cfg.name] = _ddp(rank, world, cfg)
     dist.barrier()
@@ -146,6 +151,13 @@ def test_matches_single_process(runs, cfg):
     # the reference really moved: a test that compares untrained weights proves nothing
     init = params_of(build_model(cfg, seed=0))
     assert any(not torch.allclose(init[n], expected[n]) for n in init)
+
+
+def test_a_long_run_matches_single_process(runs):
+    world, results = runs
+    expected = reference(LONG, world, STEPS)
+    for rank, result in enumerate(results):
+        _assert_close(result["long-" + LONG.name], expected, f"rank {rank}, {STEPS} steps")
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
