@@ -145,6 +145,13 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         "--intra-link-bandwidth", default=None, help="per NVLink port and direction, e.g. 25GB/s"
     )
     p.add_argument("--intra-latency", default=None, help="e.g. 3us")
+    p.add_argument(
+        "--intra-group",
+        type=int,
+        default=None,
+        help="with --intra-kind nvlink: NVLink joins groups of this many devices (bridged pairs "
+        "on PCIe servers: 2); a job wider than a group crosses PCIe",
+    )
     p.add_argument("--inter-bandwidth", default=None, help="per NIC, e.g. 100Gb/s or 25GB/s")
     p.add_argument("--inter-latency", default=None, help="e.g. 5us")
     p.add_argument("--nics-per-node", type=int, default=None)
@@ -276,7 +283,7 @@ def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
     if args.intra_bandwidth is not None:
         intra.pop("link_bandwidth", None)
     if args.intra_kind is not None and args.intra_kind != intra.get("kind"):
-        for key in ("bandwidth", "links", "link_bandwidth"):
+        for key in ("bandwidth", "links", "link_bandwidth", "group", "pcie_bandwidth"):
             intra.pop(key, None)
     compute = dict(data.get("compute") or {})
     for flag, target, key in (
@@ -285,6 +292,7 @@ def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
         ("intra_links", intra, "links"),
         ("intra_link_bandwidth", intra, "link_bandwidth"),
         ("intra_latency", intra, "latency"),
+        ("intra_group", intra, "group"),
         ("inter_bandwidth", inter, "bandwidth"),
         ("inter_latency", inter, "latency"),
         ("nics_per_node", inter, "nics_per_node"),

@@ -8,6 +8,7 @@ A cluster file (every key optional except ``nodes`` and ``devices_per_node``)::
     device: V100                 # cpu | profiled | V100 | A100 | H100 | H200 | {name: ..., ...}
     backend: auto                # auto (nccl on GPUs, gloo on cpu) | nccl | gloo
     intra: {kind: nvlink, links: 6, link_bandwidth: 25GB/s, latency: 3us}
+    # bridged pairs on a PCIe server: intra: {kind: nvlink, links: 12, group: 2}
     inter: {bandwidth: 100Gb/s, latency: 5us, nics_per_node: 4, gpudirect: true}
     compute: {efficiency: 0.5, precision: fp32, jitter: 0.01, device_spread: 0.011,
               contention: 0.1}
@@ -37,7 +38,7 @@ GPU_LINKS = ("nvlink", "nvswitch", "pcie")
 ALGORITHMS = ("native", "ring", "hierarchical", "shm")
 BACKENDS = ("auto", "nccl", "gloo")
 HOST_DEVICES = ("cpu", "profiled")
-PCIE_GEN3_X16 = 15.75e9  # bytes/s per direction
+PCIE_LATENCY = 5e-6  # one-way, per message
 
 
 class ClusterError(ValueError):
@@ -48,8 +49,10 @@ class ClusterError(ValueError):
 class Link:
     """One link: bytes/s per direction, one-way latency per message, payload efficiency.
 
-    Intra-node links are per device (NVLink: ``links`` ports of the device); inter-node links
-    are per NIC, ``nics_per_node`` of them, with or without GPUDirect RDMA."""
+    Intra-node links are per device (NVLink: ``links`` ports of the device, joining the
+    devices of a domain of ``group``, 0: the whole node; between domains ``pcie`` bytes/s, 0:
+    the device's PCIe link); inter-node links are per NIC, ``nics_per_node`` of them, with or
+    without GPUDirect RDMA."""
 
     bandwidth: float
     latency: float
@@ -58,11 +61,29 @@ class Link:
     efficiency: float = 1.0
     links: float = 0.0  # NVLink ports in use per device (0: not described)
     gpudirect: bool = True
+    group: int = 0  # NVLink: devices one NVLink domain joins (0: the whole node)
+    pcie: float = 0.0  # NVLink: bytes/s between domains (0: the device's PCIe link)
 
     @property
     def rate(self) -> float:
         """Payload bytes/s (``bandwidth * efficiency``)."""
         return self.bandwidth * self.efficiency
+
+    def among(self, n: int, per: int, pcie: float) -> Link:
+        """The link a collective over ``n`` of a node's ``per`` devices uses. Directly wired
+        NVLink (``nvlink``): only the ports among those devices, a device's ports taken as
+        spread evenly over the peers of its domain; a collective wider than one domain
+        crosses PCIe between domains (``pcie``, or this link's own figure), which bounds its
+        ring. Other kinds are the same for any part of the node."""
+        if self.kind != "nvlink":
+            return self
+        domain = min(self.group or per, per)
+        if n > domain:
+            return Link(self.pcie or pcie, PCIE_LATENCY, "pcie", efficiency=self.efficiency)
+        share = max(n - 1, 1) / (domain - 1) if domain > 1 else 1.0
+        return dataclasses.replace(
+            self, bandwidth=self.bandwidth * share, links=self.links * share, group=0
+        )
 
 
 @dataclass(frozen=True)
@@ -122,6 +143,18 @@ class Cluster:
         return devices.get(self.device)
 
     @property
+    def pcie_bandwidth(self) -> float:
+        """Bytes/s per direction of a device's PCIe link (Gen3 x16 when not a known GPU)."""
+        return self.spec.pcie_bandwidth if self.is_gpu else devices.PCIE_GEN3_X16
+
+    @property
+    def node_link(self) -> Link:
+        """The intra-node link a collective over all of a node's devices uses (`Link.among`):
+        PCIe when NVLink joins only groups of them."""
+        per = self.devices_per_node
+        return self.intra.among(per, per, self.pcie_bandwidth)
+
+    @property
     def mem_bw(self) -> float:
         """Memory bandwidth for shared-memory collectives, compression passes, bucket copies."""
         if self.memory_bandwidth:
@@ -156,17 +189,11 @@ class Cluster:
         return dataclasses.replace(self, input_rate=None, input_workers=None, worker_rate=None)
 
     def with_devices(self, n: int) -> Cluster:
-        """The same cluster cut to ``n`` devices: full nodes, or one partial node. On a
-        directly linked node (``nvlink`` without a switch) a part of the node uses only the
-        links among its devices: a device's links are spread evenly over its peers."""
+        """The same cluster cut to ``n`` devices: full nodes, or one partial node, which on
+        directly wired NVLink uses only the links among its devices (`Link.among`)."""
         per = self.devices_per_node
         if n <= per:
-            intra = self.intra
-            if intra.kind == "nvlink" and per > 1 and n < per:
-                share = max(n - 1, 1) / (per - 1)
-                intra = dataclasses.replace(
-                    intra, bandwidth=intra.bandwidth * share, links=intra.links * share
-                )
+            intra = self.intra.among(n, per, self.pcie_bandwidth)
             return dataclasses.replace(self, nodes=1, devices_per_node=n, intra=intra)
         if n % per:
             raise ClusterError(f"{n} devices do not fill nodes of {per} devices")
@@ -216,6 +243,10 @@ def _link_dict(link: Link, intra: bool) -> dict[str, Any]:
         out["kind"] = link.kind
         if link.links:
             out["links"] = link.links
+        if link.group:
+            out["group"] = link.group
+        if link.pcie:
+            out["pcie_bandwidth"] = rate_text(link.pcie)
     else:
         out["nics_per_node"] = link.nics_per_node
         out["gpudirect"] = link.gpudirect
@@ -300,7 +331,8 @@ def _time(value: Any, where: str) -> float:
 def _intra(data: Any, where: str, default: Link, spec: Device | None) -> Link:
     if data is None:
         return default
-    keys = {"kind", "bandwidth", "links", "link_bandwidth", "latency", "efficiency"}
+    keys = {"kind", "bandwidth", "links", "link_bandwidth", "latency", "efficiency", "group",
+            "pcie_bandwidth"}  # fmt: skip
     _check_keys(data, keys, where)
     kind = data.get("kind", default.kind)
     if kind not in INTRA_KINDS:
@@ -324,7 +356,7 @@ def _intra(data: Any, where: str, default: Link, spec: Device | None) -> Link:
     elif kind == default.kind:
         bw, links = default.bandwidth, default.links
     elif kind == "pcie":
-        bw = PCIE_GEN3_X16
+        bw = spec.pcie_bandwidth if spec is not None else devices.PCIE_GEN3_X16
     elif kind in ("shm", "loopback"):
         bw = 2e9
     elif spec is not None and spec.nvlink_links:
@@ -335,7 +367,23 @@ def _intra(data: Any, where: str, default: Link, spec: Device | None) -> Link:
         )
     latency = _time(data["latency"], f"{where}.latency") if "latency" in data else default.latency
     eff = _fraction(data["efficiency"], f"{where}.efficiency") if "efficiency" in data else 1.0
-    return Link(bw, latency, kind, 1, eff, float(links or 0.0))
+    group, pcie = _domains(data, kind, where)
+    return Link(bw, latency, kind, 1, eff, float(links or 0.0), group=group, pcie=pcie)
+
+
+def _domains(data: Mapping[str, Any], kind: str, where: str) -> tuple[int, float]:
+    """``group`` and ``pcie_bandwidth`` of directly wired NVLink (see `Link.among`)."""
+    for key in ("group", "pcie_bandwidth"):
+        if key in data and kind != "nvlink":
+            raise ClusterError(
+                f"{where}.{key}: only with kind nvlink (NVLink joining groups of devices, "
+                "e.g. bridged pairs: group: 2); a switch joins every device"
+            )
+    group = data.get("group", 0)
+    if "group" in data and (isinstance(group, bool) or not isinstance(group, int) or group < 1):
+        raise ClusterError(f"{where}.group: a positive integer of devices, got {group!r}")
+    pcie = data.get("pcie_bandwidth")
+    return group, _rate(pcie, f"{where}.pcie_bandwidth") if pcie is not None else 0.0
 
 
 def _inter(data: Any, where: str, default: Link) -> Link:
@@ -365,7 +413,7 @@ def default_intra(device: str, spec: Device | None) -> Link:
     if spec is None:
         return Link(2e9, 20e-6, "loopback")
     if spec.nvlink_links == 0:
-        return Link(PCIE_GEN3_X16, 5e-6, "pcie")
+        return Link(spec.pcie_bandwidth, PCIE_LATENCY, "pcie")
     kind = "nvswitch" if spec.nvlink_links >= 12 else "nvlink"
     return Link(spec.nvlink_bandwidth, 3e-6, kind, links=float(spec.nvlink_links))
 
@@ -474,9 +522,19 @@ def from_dict(data: Mapping[str, Any], where: str = "cluster") -> Cluster:
         raise ClusterError(
             f"{where}.intra.kind: {intra.kind} is a host link; GPUs use nvlink, nvswitch or pcie"
         )
+    per = _positive_int(data, "devices_per_node", where)
+    if intra.group > per:
+        raise ClusterError(
+            f"{where}.intra.group: {intra.group} devices, more than devices_per_node ({per})"
+        )
+    if intra.group and per % intra.group:
+        raise ClusterError(
+            f"{where}.intra.group: {intra.group} does not divide devices_per_node ({per}); "
+            "NVLink domains are equal groups of a node's devices"
+        )
     return Cluster(
         nodes=_positive_int(data, "nodes", where),
-        devices_per_node=_positive_int(data, "devices_per_node", where),
+        devices_per_node=per,
         device=device,
         intra=intra,
         inter=_inter(data.get("inter"), f"{where}.inter", Link(100e9 / 8, 5e-6)),

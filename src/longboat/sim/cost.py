@@ -71,21 +71,27 @@ def _arch(cluster: Cluster) -> str:
 
 
 def _intra_bus(cluster: Cluster) -> float:
-    return nccl.intra_rate(cluster.intra.kind, cluster.intra.rate, _arch(cluster))
+    link = cluster.node_link
+    return nccl.intra_rate(link.kind, link.rate, _arch(cluster))
+
+
+def _nic(cluster: Cluster) -> float:
+    """Bytes/s NCCL reaches on one of the node's NICs."""
+    return nccl.nic_rate(cluster.inter.rate, cluster.inter.gpudirect, cluster.pcie_bandwidth)
 
 
 def _hop(cluster: Cluster) -> str:
-    return "nvlink" if cluster.intra.kind in ("nvlink", "nvswitch") else "pcie"
+    return "nvlink" if cluster.node_link.kind in ("nvlink", "nvswitch") else "pcie"
 
 
 def fabric(cluster: Cluster) -> nccl.Fabric:
     """The NCCL communicator over every rank of ``cluster``."""
     intra = _intra_bus(cluster)
     if cluster.nodes == 1:
-        bus, channels = intra, nccl.channels_for(intra, cluster.intra.links)
+        bus, channels = intra, nccl.channels_for(intra, cluster.node_link.links)
     else:
         nics = min(cluster.inter.nics_per_node, cluster.devices_per_node)
-        net = nics * nccl.nic_rate(cluster.inter.rate, cluster.inter.gpudirect)
+        net = nics * _nic(cluster)
         bus, channels = min(intra, net), 2 * nics
     return nccl.Fabric(cluster.world, cluster.nodes, bus, channels, _hop(cluster), _arch(cluster))
 
@@ -96,21 +102,22 @@ def uses_nccl(cluster: Cluster) -> bool:
 
 def flat_link(cluster: Cluster) -> tuple[float, float]:
     """(alpha, rate) of a collective over every rank of the cluster."""
+    link = cluster.node_link
     if uses_nccl(cluster):
-        alpha = cluster.intra.latency if cluster.nodes == 1 else cluster.inter.latency
+        alpha = link.latency if cluster.nodes == 1 else cluster.inter.latency
         return alpha, fabric(cluster).bus_bw
     if cluster.nodes == 1:
-        return cluster.intra.latency, cluster.intra.rate
+        return link.latency, link.rate
     nics = min(cluster.inter.nics_per_node, cluster.devices_per_node)
-    rate = min(cluster.intra.rate, cluster.inter.rate * nics)
-    return max(cluster.intra.latency, cluster.inter.latency), rate
+    rate = min(link.rate, cluster.inter.rate * nics)
+    return max(link.latency, cluster.inter.latency), rate
 
 
 def _intra_stage(nbytes: float, cluster: Cluster) -> Parts:
-    local = cluster.devices_per_node
-    if cluster.intra.kind in ("shm", "loopback"):
+    local, link = cluster.devices_per_node, cluster.node_link
+    if link.kind in ("shm", "loopback"):
         return shm(nbytes, local, cluster)
-    return half_ring(nbytes, local, cluster.intra.latency, cluster.intra.rate)
+    return half_ring(nbytes, local, link.latency, link.rate)
 
 
 def _nccl_allreduce(nbytes: float, cluster: Cluster, algorithm: str) -> Parts:
@@ -118,10 +125,10 @@ def _nccl_allreduce(nbytes: float, cluster: Cluster, algorithm: str) -> Parts:
     local, nodes = cluster.devices_per_node, cluster.nodes
     if algorithm == "hierarchical" and nodes > 1 and local > 1:
         arch, intra = _arch(cluster), _intra_bus(cluster)
-        node = nccl.Fabric(local, 1, intra, nccl.channels_for(intra, cluster.intra.links),
+        node = nccl.Fabric(local, 1, intra, nccl.channels_for(intra, cluster.node_link.links),
                            _hop(cluster), arch)  # fmt: skip
         nics = min(cluster.inter.nics_per_node, local)
-        per_group = nics * nccl.nic_rate(cluster.inter.rate, cluster.inter.gpudirect) / local
+        per_group = nics * _nic(cluster) / local
         across = nccl.Fabric(nodes, nodes, per_group, 2, _hop(cluster), arch)
         stage = nccl.half_ring(nbytes, node)
         inter = nccl.allreduce(nbytes / local, across)
@@ -131,9 +138,8 @@ def _nccl_allreduce(nbytes: float, cluster: Cluster, algorithm: str) -> Parts:
 
 def applicable(algorithm: str, cluster: Cluster) -> bool:
     if algorithm == "shm":
-        return (cluster.nodes == 1 and cluster.intra.kind in ("shm", "loopback")) and not uses_nccl(
-            cluster
-        )
+        host_link = cluster.intra.kind in ("shm", "loopback")
+        return cluster.nodes == 1 and host_link and not uses_nccl(cluster)
     return algorithm in ("native", "ring", "hierarchical")
 
 
@@ -154,10 +160,11 @@ def allreduce(nbytes: float, cluster: Cluster, algorithm: str = "native") -> Par
         inter = tree(nbytes / local, nodes, cluster.inter.latency, cluster.inter.rate * share)
         lat, bw = 2 * intra[0] + inter[0], 2 * intra[1] + inter[1]
     elif algorithm == "hierarchical" and nodes == 1:  # one node: the intra-node allreduce
-        if cluster.intra.kind in ("shm", "loopback"):
+        link = cluster.node_link
+        if link.kind in ("shm", "loopback"):
             lat, bw = shm(nbytes, local, cluster)
         else:
-            lat, bw = ring(nbytes, local, cluster.intra.latency, cluster.intra.rate)
+            lat, bw = ring(nbytes, local, link.latency, link.rate)
     else:
         alpha, rate = flat_link(cluster)
         lat, bw = (ring if algorithm == "ring" else tree)(nbytes, n, alpha, rate)

@@ -22,6 +22,8 @@ from longboat.sim.units import UnitError, bandwidth, flop_rate, rate_text
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 ARCHS = ("volta", "ampere", "hopper", "blackwell")
 NVLINK_LINK_BW = 25e9  # bytes/s per link and direction, NVLink 2, 3 and 4
+#: bytes/s per direction of a x16 PCIe link: Gen3 (V100), Gen4 (A100), Gen5 (H100, H200)
+PCIE_GEN3_X16, PCIE_GEN4_X16, PCIE_GEN5_X16 = 15.75e9, 31.5e9, 63e9
 
 
 class DeviceError(ValueError):
@@ -30,7 +32,8 @@ class DeviceError(ValueError):
 
 @dataclass(frozen=True)
 class Device:
-    """One accelerator: dense peak FLOP/s per precision, memory bandwidth and NVLink ports."""
+    """One accelerator: dense peak FLOP/s per precision, memory bandwidth, NVLink ports and
+    its PCIe link to the host."""
 
     name: str
     peak_flops: Mapping[str, float]  # precision -> dense FLOP/s (no sparsity)
@@ -39,6 +42,7 @@ class Device:
     nvlink_link_bandwidth: float = NVLINK_LINK_BW  # bytes/s per link and direction
     sms: int = 0  # streaming multiprocessors (0: unknown)
     arch: str = "ampere"  # selects NCCL's per-architecture constants (longboat.sim.nccl)
+    pcie_bandwidth: float = PCIE_GEN3_X16  # bytes/s per direction of its host link
 
     @property
     def nvlink_bandwidth(self) -> float:
@@ -68,23 +72,28 @@ class Device:
             },
             "sms": self.sms,
             "arch": self.arch,
+            "pcie_bandwidth": rate_text(self.pcie_bandwidth),
         }
 
 
 def _table(name: str, fp32: float, tf32: float, half: float, bf16: float, mem: float,
-           links: int, sms: int, arch: str) -> Device:  # fmt: skip
+           links: int, sms: int, arch: str, pcie: float) -> Device:  # fmt: skip
     peaks = {"fp32": fp32, "tf32": tf32, "fp16": half, "bf16": bf16}
-    return Device(name, peaks, mem, links, NVLINK_LINK_BW, sms, arch)
+    return Device(name, peaks, mem, links, NVLINK_LINK_BW, sms, arch, pcie)
 
 
 #: SXM parts, vendor data sheets (dense figures, no sparsity). V100 has no TF32 or bf16 tensor
-#: cores: those precisions run at the fp32 figure.
+#: cores: those precisions run at the fp32 figure. PCIe: the generation of each part's host link.
 DEVICES: dict[str, Device] = {
-    "V100": _table("V100", 15.7e12, 15.7e12, 125e12, 15.7e12, 900e9, 6, 80, "volta"),
-    "A100": _table("A100", 19.5e12, 156e12, 312e12, 312e12, 2039e9, 12, 108, "ampere"),
-    "H100": _table("H100", 67e12, 494.7e12, 989.4e12, 989.4e12, 3350e9, 18, 132, "hopper"),
-    "H200": _table("H200", 67e12, 494.7e12, 989.4e12, 989.4e12, 4800e9, 18, 132, "hopper"),
-}
+    "V100": _table("V100", 15.7e12, 15.7e12, 125e12, 15.7e12, 900e9, 6, 80, "volta",
+                   PCIE_GEN3_X16),
+    "A100": _table("A100", 19.5e12, 156e12, 312e12, 312e12, 2039e9, 12, 108, "ampere",
+                   PCIE_GEN4_X16),
+    "H100": _table("H100", 67e12, 494.7e12, 989.4e12, 989.4e12, 3350e9, 18, 132, "hopper",
+                   PCIE_GEN5_X16),
+    "H200": _table("H200", 67e12, 494.7e12, 989.4e12, 989.4e12, 4800e9, 18, 132, "hopper",
+                   PCIE_GEN5_X16),
+}  # fmt: skip
 
 LAUNCH_S = 5e-6
 OPTIMIZER_BYTES_PER_PARAM = 20
@@ -111,7 +120,7 @@ def from_dict(data: Mapping[str, Any], where: str = "device") -> Device:
     """A device described by a mapping; with a table ``name`` the given keys override the
     table's figures, otherwise ``peak_flops`` (with fp32) and ``memory_bandwidth`` are
     required."""
-    allowed = {"name", "peak_flops", "memory_bandwidth", "nvlink", "sms", "arch"}
+    allowed = {"name", "peak_flops", "memory_bandwidth", "nvlink", "sms", "arch", "pcie_bandwidth"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise DeviceError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
@@ -147,6 +156,12 @@ def from_dict(data: Mapping[str, Any], where: str = "device") -> Device:
             if "link_bandwidth" in nvlink
             else (base.nvlink_link_bandwidth if base else NVLINK_LINK_BW)
         )
+        pcie = data.get("pcie_bandwidth")
+        pcie_bw = (
+            bandwidth(pcie, f"{where}.pcie_bandwidth")
+            if pcie is not None
+            else (base.pcie_bandwidth if base else PCIE_GEN3_X16)
+        )
     except UnitError as exc:
         raise DeviceError(str(exc)) from None
     links = nvlink.get("links", base.nvlink_links if base else 0)
@@ -165,6 +180,7 @@ def from_dict(data: Mapping[str, Any], where: str = "device") -> Device:
         link_bw,
         sms,
         arch,
+        pcie_bw,
     )
 
 

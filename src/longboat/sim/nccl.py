@@ -183,12 +183,12 @@ def intra_rate(kind: str, bandwidth: float, arch: str) -> float:
     return bandwidth
 
 
-def nic_rate(bandwidth: float, gpudirect: bool) -> float:
-    """Bytes/s NCCL reaches on one NIC; without GPUDirect RDMA each byte crosses the host's
-    PCIe link twice (device to host memory, host memory to NIC), so a NIC gets at most half
-    of a Gen3 x16 link."""
+def nic_rate(bandwidth: float, gpudirect: bool, pcie: float = 15.75e9) -> float:
+    """Bytes/s NCCL reaches on one NIC; without GPUDirect RDMA each byte crosses the device's
+    PCIe link (``pcie`` bytes/s, Gen3 x16 by default) twice, device to host memory and host
+    memory to NIC, so a NIC gets at most half of what NCCL reaches on that link."""
     rate = bandwidth * NET_SHARE
-    return rate if gpudirect else min(rate, 12e9 / 2)
+    return rate if gpudirect else min(rate, pcie * PCIE_SHARE / 2)
 
 
 def channels_for(bus_bw: float, links: float) -> int:
