@@ -63,16 +63,16 @@ def test_measured_step_and_compute_efficiency(profile, capsys) -> None:  # noqa:
 
 
 def test_a_gpu_that_is_not_in_the_table(profile, capsys) -> None:  # noqa: ANN001
-    flags = ["--nodes", "1", "--devices-per-node", "4", "--device", "L40S",
+    flags = ["--nodes", "1", "--devices-per-node", "4", "--device", "A40",
              "--intra-kind", "pcie"]  # fmt: skip
     assert main(["sim", "predict", "--profile", str(profile), *flags]) == 2
     assert "peak_flops.fp32 is required" in capsys.readouterr().err
-    described = predict(profile, *flags, "--peak-flops", "fp32=91.6TFLOPS",
-                        "--peak-flops", "bf16=362TFLOPS", "--memory-bandwidth", "864GB/s")  # fmt: skip
-    assert described["cluster"]["device"]["name"] == "L40S"
+    described = predict(profile, *flags, "--peak-flops", "fp32=37.4TFLOPS",
+                        "--peak-flops", "bf16=149.7TFLOPS", "--memory-bandwidth", "696GB/s")  # fmt: skip
+    assert described["cluster"]["device"]["name"] == "A40"
     assert described["backend"] == "nccl"
-    amp = predict(profile, *flags, "--peak-flops", "fp32=91.6TFLOPS", "--peak-flops",
-                  "bf16=362TFLOPS", "--memory-bandwidth", "864GB/s",
+    amp = predict(profile, *flags, "--peak-flops", "fp32=37.4TFLOPS", "--peak-flops",
+                  "bf16=149.7TFLOPS", "--memory-bandwidth", "696GB/s",
                   "--set", "amp=true", "--set", "amp_configs={dtype: bfloat16}")  # fmt: skip
     assert amp["prediction"]["compute_s"] < described["prediction"]["compute_s"]
 

@@ -146,10 +146,10 @@ def test_input_pipeline_bounds_the_step() -> None:
 
 
 def test_described_device_and_precisions() -> None:
-    desc = {"name": "L40S", "peak_flops": {"fp32": "91.6TFLOPS", "bf16": "362TFLOPS"},
-            "memory_bandwidth": "864GB/s", "sms": 142}  # fmt: skip
+    desc = {"name": "A40", "peak_flops": {"fp32": "37.4TFLOPS", "bf16": "149.7TFLOPS"},
+            "memory_bandwidth": "696GB/s", "sms": 84}  # fmt: skip
     c = gpu(device=desc, intra={"kind": "pcie"})
-    assert c.device == "L40S" and c.spec.peak("bf16") == 362e12 and c.mem_bw == 864e9
+    assert c.device == "A40" and c.spec.peak("bf16") == 149.7e12 and c.mem_bw == 696e9
     assert cluster_mod.from_dict(c.to_dict()) == c
     prof = resnet50_like()
     amp_bf16 = Strategy(amp=True, amp_configs={"dtype": "bfloat16"})

@@ -119,3 +119,13 @@ def test_command_line_group(tmp_path, capsys) -> None:  # noqa: ANN001
     capsys.readouterr()
     assert main(["sim", "predict", "--profile", str(path), *node, "--intra-group", "3"]) == 2
     assert "does not divide devices_per_node (8)" in capsys.readouterr().err
+
+
+def test_pcie_cards_default_to_their_pcie_link() -> None:
+    for name, gen in (("A100-PCIe", 31.5e9), ("H100-PCIe", 63e9), ("L40S", 31.5e9), ("L4", 31.5e9)):
+        c = cluster_mod.from_dict({"nodes": 1, "devices_per_node": 8, "device": name})
+        assert c.intra.kind == "pcie" and c.intra.bandwidth == gen, name
+    sxm = cluster_mod.from_dict({"nodes": 1, "devices_per_node": 8, "device": "A100"})
+    assert sxm.intra.kind == "nvswitch"
+    card = cluster_mod.from_dict({"nodes": 1, "devices_per_node": 8, "device": "H100-PCIe"})
+    assert card.spec.peak("bf16") == 756e12 and card.spec.memory_bandwidth == 2000e9  # not SXM

@@ -122,8 +122,8 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         "--device",
         default=None,
         help="cpu (the profile's times, Gloo), profiled (the profile's times, backend from where "
-        "it was measured), V100, A100, H100, H200, or any name with --peak-flops and "
-        "--memory-bandwidth",
+        "it was measured), V100, A100, H100, H200 (SXM), A100-PCIe, H100-PCIe, L40S, A10, L4 "
+        "(PCIe cards), or any name with --peak-flops and --memory-bandwidth",
     )
     p.add_argument(
         "--peak-flops",

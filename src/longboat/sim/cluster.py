@@ -5,7 +5,7 @@ A cluster file (every key optional except ``nodes`` and ``devices_per_node``)::
 
     nodes: 4
     devices_per_node: 8
-    device: V100                 # cpu | profiled | V100 | A100 | H100 | H200 | {name: ..., ...}
+    device: V100                 # cpu | profiled | V100 | A100 | H100 | L40S ... | {name: ...}
     backend: auto                # auto (nccl on GPUs, gloo on cpu) | nccl | gloo
     intra: {kind: nvlink, links: 6, link_bandwidth: 25GB/s, latency: 3us}
     # bridged pairs on a PCIe server: intra: {kind: nvlink, links: 12, group: 2}

@@ -82,8 +82,9 @@ def _table(name: str, fp32: float, tf32: float, half: float, bf16: float, mem: f
     return Device(name, peaks, mem, links, NVLINK_LINK_BW, sms, arch, pcie)
 
 
-#: SXM parts, vendor data sheets (dense figures, no sparsity). V100 has no TF32 or bf16 tensor
-#: cores: those precisions run at the fp32 figure. PCIe: the generation of each part's host link.
+#: Vendor data sheets (dense figures, no sparsity): SXM parts, then PCIe cards. V100 has no TF32
+#: or bf16 tensor cores: those precisions run at the fp32 figure. PCIe: the generation of each
+#: part's host link.
 DEVICES: dict[str, Device] = {
     "V100": _table("V100", 15.7e12, 15.7e12, 125e12, 15.7e12, 900e9, 6, 80, "volta",
                    PCIE_GEN3_X16),
@@ -93,6 +94,17 @@ DEVICES: dict[str, Device] = {
                    PCIE_GEN5_X16),
     "H200": _table("H200", 67e12, 494.7e12, 989.4e12, 989.4e12, 4800e9, 18, 132, "hopper",
                    PCIE_GEN5_X16),
+    # PCIe cards: no NVLink of their own (an NVLink bridge is described by intra:
+    # {kind: nvlink, links: 12, group: 2}); Ada (L40S, L4) takes Ampere's NCCL constants.
+    "A100-PCIe": _table("A100-PCIe", 19.5e12, 156e12, 312e12, 312e12, 1935e9, 0, 108, "ampere",
+                        PCIE_GEN4_X16),
+    "H100-PCIe": _table("H100-PCIe", 51.2e12, 378e12, 756e12, 756e12, 2000e9, 0, 114, "hopper",
+                        PCIE_GEN5_X16),
+    "L40S": _table("L40S", 91.6e12, 183e12, 362.05e12, 362.05e12, 864e9, 0, 142, "ampere",
+                   PCIE_GEN4_X16),
+    "A10": _table("A10", 31.2e12, 62.5e12, 125e12, 125e12, 600e9, 0, 72, "ampere",
+                  PCIE_GEN4_X16),
+    "L4": _table("L4", 30.3e12, 60e12, 121e12, 121e12, 300e9, 0, 58, "ampere", PCIE_GEN4_X16),
 }  # fmt: skip
 
 LAUNCH_S = 5e-6
