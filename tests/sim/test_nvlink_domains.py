@@ -66,6 +66,18 @@ def test_a_job_across_domains_is_bound_by_pcie(devices: int) -> None:
     assert cost.fabric(mesh.with_devices(devices)).bus_bw > 3 * cost.fabric(c).bus_bw
 
 
+def test_what_bounds_the_bus_is_named() -> None:
+    assert cost.bus_limit(bridged()) == (
+        pytest.approx(31.5e9 * nccl.PCIE_SHARE),
+        "PCIe between NVLink groups of 2",
+    )
+    assert cost.bus_limit(bridged().with_devices(2))[1] == "nvlink"
+    slow_nic = {"nodes": 2, "inter": {"bandwidth": "10Gb/s", "gpudirect": False}}
+    assert cost.bus_limit(cluster_mod.from_dict(BRIDGED | slow_nic))[1] == (
+        "1 NIC(s) per node, no GPUDirect"
+    )
+
+
 def test_across_nodes_the_crossing_still_binds() -> None:
     two_nodes = cluster_mod.from_dict(BRIDGED | {"nodes": 2, "inter": {"bandwidth": "400Gb/s",
                                                                       "nics_per_node": 8}})  # fmt: skip
@@ -116,7 +128,8 @@ def test_command_line_group(tmp_path, capsys) -> None:  # noqa: ANN001
         return json.loads(out.read_text())["sweep"][-1]["efficiency"]
 
     assert efficiency_at_8("--intra-group", "2") < 0.85 * efficiency_at_8()
-    capsys.readouterr()
+    printed = capsys.readouterr().out
+    assert "NCCL bus bandwidth per rank" in printed and "PCIe between NVLink groups of 2" in printed
     assert main(["sim", "predict", "--profile", str(path), *node, "--intra-group", "3"]) == 2
     assert "does not divide devices_per_node (8)" in capsys.readouterr().err
 

@@ -96,6 +96,20 @@ def fabric(cluster: Cluster) -> nccl.Fabric:
     return nccl.Fabric(cluster.world, cluster.nodes, bus, channels, _hop(cluster), _arch(cluster))
 
 
+def bus_limit(cluster: Cluster) -> tuple[float, str]:
+    """NCCL's bus bytes/s per rank over the whole cluster and the link that bounds it."""
+    bus = fabric(cluster).bus_bw
+    if cluster.nodes > 1 and bus < _intra_bus(cluster):
+        nics = min(cluster.inter.nics_per_node, cluster.devices_per_node)
+        return bus, f"{nics} NIC(s) per node" + (
+            "" if cluster.inter.gpudirect else ", no GPUDirect"
+        )
+    link = cluster.node_link
+    if cluster.intra.kind == "nvlink" and link.kind == "pcie":
+        return bus, f"PCIe between NVLink groups of {cluster.intra.group}"
+    return bus, link.kind
+
+
 def uses_nccl(cluster: Cluster) -> bool:
     return cluster.resolved_backend() == "nccl"
 

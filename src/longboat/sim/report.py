@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from longboat.sim import cost
 from longboat.sim.cluster import Cluster
 from longboat.sim.predict import Prediction
 from longboat.sim.profile import Profile
@@ -85,6 +86,9 @@ def breakdown(prof: Profile, cl: Cluster, p: Prediction) -> None:
     table.add_row("communication (all)", human_time(p.comm_s), f"{p.overlap:.1%} hidden")
     table.add_row("buckets / algorithm", f"{p.buckets}", p.algorithm)
     table.add_row("bytes sent per rank", f"{p.bytes_sent / 2**20:.2f} MB", "; ".join(p.notes))
+    if backend == "nccl" and cl.world > 1:
+        bus, bound = cost.bus_limit(cl)
+        table.add_row("NCCL bus bandwidth per rank", human_rate(bus), bound)
     _console().print(table)
 
 
