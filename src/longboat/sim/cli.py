@@ -3,7 +3,8 @@
 longboat sim profile --model resnet -o resnet.json          # measure the model here
 longboat sim calibrate [--emulate 1gbit] -o here.yaml        # fit this machine's links
 longboat sim predict --profile resnet.json --cluster c.yaml  # step time, sweep, plot
-    [--batch 256] [--measured-step 104ms] [--strategy s.yaml] [--set nccl_comm_num=2]
+    [--batch 256] [--measured-step 104ms] [--measured-step-at 16=120ms]
+    [--strategy s.yaml] [--set nccl_comm_num=2]
     [--max-devices 4096] [--png eff.png] [--recommend [--lossy | --exact] [--write best.yaml]]
 """
 
@@ -56,6 +57,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TIME",
         help="one device's measured step time at the profile's batch (or --batch), e.g. 104ms: "
         "fits the compute efficiency",
+    )
+    pred.add_argument(
+        "--measured-step-at",
+        default=None,
+        metavar="DEVICES=TIME",
+        help="a measured step on that many devices, e.g. 16=120ms (measure where collectives "
+        "overlap backward, on the links you predict for): fits the contention, after "
+        "--measured-step",
     )
     pred.add_argument("--strategy", default=None, help="Strategy YAML/JSON (as for training)")
     pred.add_argument(
@@ -315,6 +324,29 @@ def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
     return cluster_mod.from_dict(data, where=args.cluster or "flags")
 
 
+def _fit_contention(
+    prof: Any, cl: cluster_mod.Cluster, strategy: Any, args: argparse.Namespace
+) -> cluster_mod.Cluster:
+    """``cl`` with the contention fitted to ``--measured-step-at DEVICES=TIME``."""
+    from longboat.sim.fit import contention
+    from longboat.sim.units import duration
+
+    if args.contention is not None:
+        raise ValueError("--measured-step-at fits the contention: drop one of the two")
+    devices, sep, time = args.measured_step_at.partition("=")
+    if not sep or not devices.strip().isdigit():
+        raise ValueError(
+            f"--measured-step-at: {args.measured_step_at!r} is not DEVICES=TIME, e.g. 16=120ms"
+        )
+    step = duration(time.strip(), "--measured-step-at")
+    value = contention(prof, cl.with_devices(int(devices)), step, strategy)
+    print(
+        f"contention {value:.4f}: {int(devices)} {cl.device} take {step * 1e3:.4g} ms per step "
+        f"of {prof.model} at batch {prof.batch} (used at every device count)"
+    )
+    return dataclasses.replace(cl, contention=value)
+
+
 def _strategy(path: str | None, sets: list[str]) -> Any:
     from longboat.strategy import Strategy
     from longboat.tools.bench.train import strategy_fields
@@ -389,6 +421,8 @@ def _predict(args: argparse.Namespace) -> int:
             f"compute efficiency {cl.compute_efficiency:.4f}: one {cl.device} takes "
             f"{step * 1e3:.4g} ms per step of {prof.model} at batch {prof.batch}"
         )
+    if args.measured_step_at is not None:
+        cl = _fit_contention(prof, cl, strategy, args)
     here = simulate(prof, cl, strategy)
     report.breakdown(prof, cl, here)
     max_devices = args.max_devices or cl.world

@@ -1,10 +1,15 @@
-"""Calibrate a GPU's compute efficiency from one measured step time on one device.
+"""Calibrate a GPU cluster from measured step times: the compute efficiency from one device's
+step, the contention from a step on several devices.
 
 One device's predicted step is ``A / efficiency + B``: ``A`` the profile's FLOPs over the
 device's peak in the step's precision, ``B`` what does not scale with efficiency (per-layer
 launch costs and the memory-bound optimizer, per micro-step). Two predictions give ``A`` and
 ``B``; the measured step then gives ``efficiency = A / (measured - B)``. Everything else in a
 multi-device prediction (links, NCCL, contention, stragglers) is left as described.
+
+The contention (how much collectives slow the backward they overlap) is what a measured step on
+N devices adds to the prediction with everything else fixed: the predicted step grows with it,
+so bisection finds the value that reproduces the measurement.
 """
 
 from __future__ import annotations
@@ -54,3 +59,62 @@ def calibrated(
     """``cluster`` with the compute efficiency that reproduces ``step_s`` on one device."""
     efficiency = compute_efficiency(profile, cluster, step_s, strategy)
     return dataclasses.replace(cluster, compute_efficiency=efficiency)
+
+
+#: The largest contention `contention` fits: backward three times as slow beside collectives.
+MAX_CONTENTION = 3.0
+
+
+def contention(
+    profile: Profile, cluster: Cluster, step_s: float, strategy: Strategy | None = None
+) -> float:
+    """The ``compute.contention`` with which all devices of ``cluster`` take ``step_s`` seconds
+    per step: found by bisection, as the predicted step grows with it. Everything else (the
+    compute efficiency, links, stragglers) stays as described, so fit the efficiency first.
+
+    Refused when the Strategy's collectives do not overlap backward (contention cannot
+    change the step), when the measured step is faster than the prediction without contention
+    or slower than with ``MAX_CONTENTION``: the difference is then not contention."""
+    if cluster.world < 2:
+        raise ClusterError("a measured step calibrates contention on 2 or more devices")
+    if not step_s > 0:
+        raise ClusterError(f"measured step must be a positive time, got {step_s!r}")
+
+    def step(value: float) -> float:
+        trial = dataclasses.replace(cluster, contention=value)
+        return simulate(profile, trial, strategy).step_s
+
+    where = f"{cluster.world} {cluster.device} devices"
+    low, high = step(0.0), step(MAX_CONTENTION)
+    measured, without = step_s * 1e3, low * 1e3
+    if high <= low * (1 + 1e-9):
+        raise ClusterError(
+            f"on {where} no collective overlaps backward, so contention cannot change the "
+            f"step (predicted {without:.4g} ms, measured {measured:.4g} ms); the difference "
+            "is something else: links, stragglers, the host"
+        )
+    if step_s < low:
+        raise ClusterError(
+            f"measured step {measured:.4g} ms on {where} is faster than predicted without any "
+            f"contention ({without:.4g} ms); check the links (bandwidth, efficiency), the "
+            "compute efficiency (--measured-step on one device) and the batch"
+        )
+    if step_s > high:
+        raise ClusterError(
+            f"measured step {measured:.4g} ms on {where} is slower than predicted even with "
+            f"contention {MAX_CONTENTION:g} ({high * 1e3:.4g} ms): collectives slowing backward "
+            "do not explain it; check the links, the input pipeline and stragglers"
+        )
+    lo, hi = 0.0, MAX_CONTENTION
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if step(mid) < step_s else (lo, mid)
+    return (lo + hi) / 2
+
+
+def calibrated_contention(
+    profile: Profile, cluster: Cluster, step_s: float, strategy: Strategy | None = None
+) -> Cluster:
+    """``cluster`` with the contention that reproduces ``step_s`` on all its devices."""
+    value = contention(profile, cluster, step_s, strategy)
+    return dataclasses.replace(cluster, contention=value)
