@@ -140,10 +140,38 @@ def from_dict(data: Mapping[str, Any], where: str = "device") -> Device:
     if not isinstance(name, str) or not name:
         raise DeviceError(f"{where}.name: a device name is required, e.g. name: L40S")
     base = get(name) if known(name) else None
-    peaks = dict(base.peak_flops) if base else {}
-    given = data.get("peak_flops") or {}
+    peaks = _peaks(data.get("peak_flops") or {}, base, name, where)
+    if data.get("memory_bandwidth") is None and base is None:
+        raise DeviceError(f"{where}.memory_bandwidth is required for device {name!r}")
+    nvlink = data.get("nvlink") or {}
+    if not isinstance(nvlink, Mapping) or set(nvlink) - {"links", "link_bandwidth"}:
+        raise DeviceError(f"{where}.nvlink: a mapping {{links: 18, link_bandwidth: 25GB/s}}")
+    fallback = base or Device(name, peaks, 0.0)
+    links = nvlink.get("links", fallback.nvlink_links)
+    sms = data.get("sms", fallback.sms)
+    for key, value in (("nvlink.links", links), ("sms", sms)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise DeviceError(f"{where}.{key}: a non-negative integer, got {value!r}")
+    arch = data.get("arch", fallback.arch)
+    if arch not in ARCHS:
+        raise DeviceError(f"{where}.arch: {arch!r} is not one of {', '.join(ARCHS)}")
+    return Device(
+        name,
+        peaks,
+        _rate_or(data, "memory_bandwidth", fallback.memory_bandwidth, where),
+        links,
+        _rate_or(nvlink, "link_bandwidth", fallback.nvlink_link_bandwidth, f"{where}.nvlink"),
+        sms,
+        arch,
+        _rate_or(data, "pcie_bandwidth", fallback.pcie_bandwidth, where),
+    )
+
+
+def _peaks(given: Any, base: Device | None, name: str, where: str) -> dict[str, float]:
+    """The table's peaks (if any) with the described ones on top; fp32 is required."""
     if not isinstance(given, Mapping):
         raise DeviceError(f"{where}.peak_flops: a mapping such as {{fp32: 19.5TFLOPS}}")
+    peaks = dict(base.peak_flops) if base else {}
     for precision, value in given.items():
         if precision not in PRECISIONS:
             raise DeviceError(
@@ -155,45 +183,17 @@ def from_dict(data: Mapping[str, Any], where: str = "device") -> Device:
             raise DeviceError(str(exc)) from None
     if "fp32" not in peaks:
         raise DeviceError(f"{where}.peak_flops.fp32 is required for device {name!r}")
-    mem = data.get("memory_bandwidth")
-    if mem is None and base is None:
-        raise DeviceError(f"{where}.memory_bandwidth is required for device {name!r}")
+    return peaks
+
+
+def _rate_or(data: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    """``data[key]`` as bytes/s, or ``default`` when it is not given."""
+    if data.get(key) is None:
+        return default
     try:
-        mem_bw = bandwidth(mem, f"{where}.memory_bandwidth") if mem is not None else None
-        nvlink = data.get("nvlink") or {}
-        if not isinstance(nvlink, Mapping) or set(nvlink) - {"links", "link_bandwidth"}:
-            raise DeviceError(f"{where}.nvlink: a mapping {{links: 18, link_bandwidth: 25GB/s}}")
-        link_bw = (
-            bandwidth(nvlink["link_bandwidth"], f"{where}.nvlink.link_bandwidth")
-            if "link_bandwidth" in nvlink
-            else (base.nvlink_link_bandwidth if base else NVLINK_LINK_BW)
-        )
-        pcie = data.get("pcie_bandwidth")
-        pcie_bw = (
-            bandwidth(pcie, f"{where}.pcie_bandwidth")
-            if pcie is not None
-            else (base.pcie_bandwidth if base else PCIE_GEN3_X16)
-        )
+        return bandwidth(data[key], f"{where}.{key}")
     except UnitError as exc:
         raise DeviceError(str(exc)) from None
-    links = nvlink.get("links", base.nvlink_links if base else 0)
-    sms = data.get("sms", base.sms if base else 0)
-    for key, value in (("nvlink.links", links), ("sms", sms)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise DeviceError(f"{where}.{key}: a non-negative integer, got {value!r}")
-    arch = data.get("arch", base.arch if base else "ampere")
-    if arch not in ARCHS:
-        raise DeviceError(f"{where}.arch: {arch!r} is not one of {', '.join(ARCHS)}")
-    return Device(
-        name,
-        peaks,
-        mem_bw if mem_bw is not None else base.memory_bandwidth,  # type: ignore[union-attr]
-        links,
-        link_bw,
-        sms,
-        arch,
-        pcie_bw,
-    )
 
 
 def compute_seconds(
