@@ -158,6 +158,7 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         "--intra-group",
         type=int,
         default=None,
+        metavar="N",
         help="with --intra-kind nvlink: NVLink joins groups of this many devices (bridged pairs "
         "on PCIe servers: 2); a job wider than a group crosses PCIe",
     )
