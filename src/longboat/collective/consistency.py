@@ -14,6 +14,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.exchange import allgather_bytes
+from longboat.comm.handles import wait_for
 
 _SUMMABLE_INTS = (torch.int64, torch.int32)  # integer buffers the algorithms can sum
 
@@ -157,7 +158,7 @@ def broadcast_state(
             return
         if me != src:
             t.zero_()
-        allreduce_fn(t).wait()
+        wait_for(allreduce_fn(t))
 
     with torch.no_grad():
         if not coalesce:

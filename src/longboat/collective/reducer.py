@@ -23,6 +23,7 @@ optimizer step asks for it (one read per step). docs/collective.md draws the str
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -33,6 +34,7 @@ from torch import nn
 from longboat.collective.buckets import BucketPlan, assign_communicators
 from longboat.collective.usage import PendingCounts, UsageMarks, read_counts, reads_block
 from longboat.comm.algorithms import AllreduceFn, Handle
+from longboat.comm.handles import wait_for
 
 if TYPE_CHECKING:
     from longboat.trace.observer import Observer
@@ -128,7 +130,8 @@ class Reducer:
         self._ready = [False] * len(self.params)
         self._marks = UsageMarks(len(self.params))
         self._reads_block = reads_block(self._flags.device)
-        self._pending_counts: PendingCounts | None = None  # counts checked at the next step
+        # counts on their way to the host, oldest first, each checked once it has landed
+        self._pending_counts: collections.deque[PendingCounts] = collections.deque()
         self._sync = True
         self._scale = 1.0 / world_size
         self._prepared = False
@@ -316,11 +319,11 @@ class Reducer:
             for i in range(len(self.params)):
                 if not self._ready[i]:
                     self._fill(i)
-            for bucket in self._buckets:
+            for bucket in self._buckets:  # every read below is ordered after the reductions
                 assert bucket.handle is not None
-                bucket.handle.wait()
+                wait_for(bucket.handle)
             if self._flags_handle is not None:
-                self._flags_handle.wait()
+                wait_for(self._flags_handle)
             if self.check_finite:  # a rank's inf/NaN is in every rank's sum: same answer everywhere
                 self._finite = torch.stack(
                     [torch.isfinite(b.buffer[: b.numel]).all() for b in self._buckets]
@@ -360,16 +363,18 @@ class Reducer:
             if not self.find_unused:
                 self._raise_if_unused(used_on)
             return used_on
-        self._pending_counts = PendingCounts(self._flags)
+        self._pending_counts.append(PendingCounts(self._flags))
         return None
 
     def _check_pending_counts(self) -> None:
-        """Raise if the previous backward's counts, now landed, show a rank missed a gradient."""
-        pending = self._pending_counts
-        if pending is None or not pending.ready():
-            return
-        self._pending_counts = None
-        self._raise_if_unused(pending.counts())
+        """Raise if earlier backwards' counts that have landed show a rank missed a gradient.
+
+        Never blocks: counts still on their way stay queued for a later step, in order, so a
+        host running several steps ahead of its GPU still checks every one.
+        """
+        queue = self._pending_counts
+        while queue and queue[0].ready():
+            self._raise_if_unused(queue.popleft().counts())
 
     def _raise_if_unused(self, used_on: list[int]) -> None:
         missing = [i for i, n in enumerate(used_on) if n < self.world_size]

@@ -5,6 +5,10 @@ thread that runs them. Wrapped here, they behave like the backend's asynchronous
 the caller (a gradient hook during backward) gets a future at once, the work runs on one
 worker thread in submission order (so every rank runs its collectives in the same order),
 and torch's kernels and socket waits release the GIL, so backward keeps computing.
+
+On a GPU the worker runs on a side stream that waits for the caller's stream at submission,
+and the future it completes carries that stream's event (`longboat.comm.streams`): a waiter's
+stream is ordered after the work, not merely after the worker returned on the host.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from typing import Generic, TypeVar
 
 import torch
 from torch.futures import Future
+
+from longboat.comm.handles import FutureHandle
+from longboat.comm.streams import Handoff, WorkerStreams
 
 _STOP = object()
 
@@ -33,9 +40,9 @@ class BackgroundAllreduce:
         self, tensor: torch.Tensor, fn: Callable[[torch.Tensor], None] | None = None
     ) -> Future:
         """Queue ``fn(tensor)`` (default: this allreduce's ``fn``) behind earlier calls."""
-        future: Future = Future()
-        self._queue.put((tensor, fn or self._fn, future))
-        return future
+        handoff = Handoff(tensor)
+        self._queue.put((tensor, fn or self._fn, handoff))
+        return handoff.future
 
     def close(self) -> None:
         """Finish queued work, then stop the worker thread."""
@@ -43,35 +50,19 @@ class BackgroundAllreduce:
         self._thread.join()
 
     def _run(self) -> None:
+        streams = WorkerStreams()
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
-            tensor, fn, future = item
-            try:
-                fn(tensor)
-            except BaseException as exc:  # noqa: BLE001 - delivered to the waiter
-                future.set_exception(exc)
-            else:
-                future.set_result(tensor)
-
-
-class FutureHandle:
-    """A Handle over a torch Future: ``wait()`` for the result, ``get_future()`` to chain."""
-
-    __slots__ = ("_future",)
-
-    def __init__(self, future: Future):
-        self._future = future
-
-    def wait(self) -> object:
-        return self._future.wait()
-
-    def get_future(self) -> Future:
-        return self._future
-
-    def done(self) -> bool:
-        return self._future.done()
+            tensor, fn, handoff = item
+            with streams.running(handoff):  # the future records this stream's event
+                try:
+                    fn(tensor)
+                except BaseException as exc:  # noqa: BLE001 - delivered to the waiter
+                    handoff.future.set_exception(exc)
+                else:
+                    handoff.future.set_result(tensor)
 
 
 State = TypeVar("State", bound=Callable[[torch.Tensor], None])

@@ -1,9 +1,17 @@
 """At most one collective in flight per communicator, without blocking the caller.
 
 Fleet's ``sync_nccl_allreduce``: each communicator finishes its previous allreduce before it
-starts the next. Blocking the backward thread on the previous allreduce would stall
-computation, so the next launch is chained onto the previous one's completion instead: the
-caller gets a future at once and backward keeps running.
+starts the next.
+
+* **On a device** (NCCL, or a GPU bucket handed to an algorithm or compressor written in
+  Python) this already holds where the work runs: a communicator's collectives queue on its
+  one stream, and Python algorithms run in call order on one worker thread. The handle passes
+  through untouched, so it keeps the work's device events (`longboat.comm.handles`); hiding
+  it behind a host-completed future would let readers run ahead of the reduction.
+* **On the CPU** (Gloo runs collectives on a pool of threads), the next launch is chained onto
+  the previous one's completion instead: blocking the backward thread on the previous
+  allreduce would stall computation, so the caller gets a future at once and backward keeps
+  running. On the CPU a future completed by the host is the work being done.
 """
 
 from __future__ import annotations
@@ -11,20 +19,16 @@ from __future__ import annotations
 import torch
 from torch.futures import Future
 
-from longboat.comm.algorithms import AllreduceFn, Done, Handle
+from longboat.comm.algorithms import AllreduceFn, Handle
+from longboat.comm.handles import future_of
 
 
-def _future_of(handle: Handle) -> Future:
-    if isinstance(handle, Future):
-        return handle
-    if isinstance(handle, Done):
-        done: Future = Future()
-        done.set_result(None)
-        return done
-    get_future = getattr(handle, "get_future", None)
-    if get_future is not None:
-        return get_future()
-    handle.wait()  # an algorithm without futures: complete it here
+def _host_future(handle: Handle) -> Future:
+    """A future that completes when ``handle``'s host work has (CPU tensors only)."""
+    future = future_of(handle)
+    if future is not None:
+        return future
+    handle.wait()  # Done, or an algorithm without futures: it has finished once this returns
     finished: Future = Future()
     finished.set_result(None)
     return finished
@@ -46,14 +50,16 @@ class SerialAllreduce:
         self._fn = fn
         self._tail: Future | None = None
 
-    def __call__(self, tensor: torch.Tensor, fn: AllreduceFn | None = None) -> Future:
+    def __call__(self, tensor: torch.Tensor, fn: AllreduceFn | None = None) -> Handle:
         """Start ``fn(tensor)`` (default: the wrapped allreduce) after the previous one."""
-        result: Future = Future()
         run = fn or self._fn
+        if tensor.device.type != "cpu":
+            return run(tensor)  # ordered where it runs; its handle carries its events
+        result: Future = Future()
 
         def start(_: object = None) -> None:
             try:
-                source = _future_of(run(tensor))
+                source = _host_future(run(tensor))
             except BaseException as exc:  # noqa: BLE001
                 result.set_exception(exc)
                 return

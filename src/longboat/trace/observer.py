@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_leaves
 
 from longboat.cluster import on_shutdown
+from longboat.comm.handles import future_of
 from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest
 from longboat.trace.config import TraceConfig, TraceFields
 from longboat.trace.recorder import Recorder, comm_lane
@@ -136,7 +137,7 @@ class Observer:
         rec = self.recorder
         if rec is None:
             return handle
-        future = _future_of(handle)
+        future = future_of(handle)
         if future is None:
             return handle
         launched = rec.now()
@@ -197,18 +198,6 @@ class Observer:
             with self._recorded:  # a finished allreduce's callback may still be on its way
                 self._recorded.wait_for(lambda: self._unrecorded <= 0, timeout=_RECORD_WAIT_S)
             self.recorder.save()
-
-
-def _future_of(handle: Any) -> torch.futures.Future | None:
-    if isinstance(handle, torch.futures.Future):
-        return handle
-    get_future = getattr(handle, "get_future", None)
-    if get_future is None:
-        return None
-    try:
-        return get_future()
-    except RuntimeError:  # e.g. a backend work without future support
-        return None
 
 
 class RecordStep(Stage):

@@ -32,6 +32,7 @@ from longboat.comm import algorithms
 from longboat.comm.algorithms import AllreduceFn, register
 from longboat.comm.algorithms.ring import check_dtype, run_flat
 from longboat.comm.background import AsyncAllreduce
+from longboat.comm.handles import wait_for
 from longboat.registry import Registry
 
 INTER_NRANKS_FIELD = "hierarchical_allreduce_inter_nranks"
@@ -209,13 +210,13 @@ class Hierarchical:
     def _allreduce(self, flat: torch.Tensor) -> None:
         if self.intra is None:
             assert self.inter is not None
-            self.inter(flat).wait()
+            wait_for(self.inter(flat))
         elif self.inter is None:
             self.intra.allreduce(flat)
         else:
             self.intra.reduce_scatter(flat)
             lo, hi = shard_bounds(flat.numel(), self.intra.size)[self.intra.rank]
-            self.inter(flat[lo:hi]).wait()
+            wait_for(self.inter(flat[lo:hi]))
             self.intra.all_gather(flat)
 
 

@@ -19,10 +19,10 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.futures import Future
 
 from longboat.comm.algorithms import AllreduceFn, Handle
-from longboat.comm.background import AsyncAllreduce, FutureHandle
+from longboat.comm.background import AsyncAllreduce
+from longboat.comm.handles import wait_for
 from longboat.registry import COMPRESSORS
 
 CompressorFactory = Callable[[AllreduceFn, dist.ProcessGroup, Mapping[str, Any]], AllreduceFn]
@@ -85,40 +85,6 @@ def check_config(name: str, config: Mapping[str, Any], allowed: Mapping[str, Any
     return {**allowed, **config}
 
 
-class _ThenHandle:
-    """Handle for an inner handle without ``get_future()``: ``then`` runs in ``wait()``."""
-
-    def __init__(self, inner: Handle, then: Callable[[], torch.Tensor]):
-        self._inner = inner
-        self._then: Callable[[], torch.Tensor] | None = then
-        self._result: torch.Tensor | None = None
-
-    def wait(self) -> torch.Tensor | None:
-        if self._then is not None:
-            self._inner.wait()
-            self._result = self._then()
-            self._then = None
-        return self._result
-
-
-def chain(inner: Handle, then: Callable[[], torch.Tensor]) -> Handle:
-    """A handle that runs ``then`` after ``inner`` completes, without blocking the caller.
-
-    With a future (``get_future()``, as Gloo/NCCL work and FutureHandle have) ``then`` runs
-    as its completion callback; otherwise it runs inside ``wait()``.
-    """
-    get_future = getattr(inner, "get_future", None)
-    if get_future is None:
-        return _ThenHandle(inner, then)
-    future: Future = get_future()
-
-    def callback(done: Future) -> torch.Tensor:
-        done.wait()  # re-raises the inner allreduce's error into the chained future
-        return then()
-
-    return FutureHandle(future.then(callback))
-
-
 def close_inner(inner: AllreduceFn) -> None:
     """Call ``inner.close()`` where the wrapped algorithm has one (worker threads, segments)."""
     close = getattr(inner, "close", None)
@@ -162,7 +128,7 @@ class ThreadedCompressor:
     def _exact(self, tensor: torch.Tensor) -> None:
         nbytes = tensor.numel() * tensor.element_size()
         self.stats.record(ring_bytes(nbytes, self.state.world_size), False)
-        self.state.inner(tensor).wait()
+        wait_for(self.state.inner(tensor))
 
     def set_layout(self, bucket: torch.Tensor, layout: Any) -> None:
         """Where each parameter lies in ``bucket``: ``[(offset, shape), ...]``."""

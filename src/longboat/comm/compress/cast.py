@@ -23,12 +23,12 @@ import torch.distributed as dist
 from longboat.comm.algorithms import AllreduceFn, Handle
 from longboat.comm.compress import (
     CompressorStats,
-    chain,
     check_config,
     close_inner,
     register_compressor,
     ring_bytes,
 )
+from longboat.comm.handles import chain
 
 _CASTABLE = (torch.float32, torch.float64)
 

@@ -42,6 +42,7 @@ from longboat.comm.compress import (
     register_compressor,
     ring_bytes,
 )
+from longboat.comm.handles import wait_for
 from longboat.strategy.values import Config, Float, FloatList, Int, KeySpec
 
 CONFIG = Config(
@@ -158,7 +159,7 @@ class DGC:
             self.stats.record(
                 ring_bytes(tensor.numel() * tensor.element_size(), self.world_size), False
             )
-            self.inner(tensor).wait()
+            wait_for(self.inner(tensor))
             return
         state.steps += 1
         self.sparse_active = True
@@ -173,7 +174,7 @@ class DGC:
             return 0
         parts = [state.u[o : o + n] for o, n in state.dense]
         buffer = torch.cat(parts)
-        self.inner(buffer).wait()
+        wait_for(self.inner(buffer))
         at = 0
         for o, n in state.dense:
             flat[o : o + n].copy_(buffer[at : at + n])

@@ -49,6 +49,7 @@ from longboat.comm.compress import (
     register_compressor,
     ring_bytes,
 )
+from longboat.comm.handles import wait_for
 from longboat.strategy.values import Bool, Config, Int, KeySpec
 
 CONFIG = Config(
@@ -225,7 +226,7 @@ class PowerSGD:
             self.stats.record(
                 ring_bytes(tensor.numel() * tensor.element_size(), self.world_size), False
             )
-            self.inner(tensor).wait()
+            wait_for(self.inner(tensor))
             return
         self.stats.record(self._state_bytes(state, tensor.dtype), True)
         flat = tensor.detach().reshape(-1)  # a view for contiguous buckets
@@ -268,7 +269,7 @@ class PowerSGD:
         dense = [work[o : o + n] for o, n in state.dense]
         ps = [torch.matmul(mat, orthonormalise(q)) for q, mat in zip(starts, mats, strict=True)]
         first = torch.cat([*dense, *(p.reshape(-1) for p in ps)])
-        self.inner(first).wait()  # the uncompressed entries and every P, in one allreduce
+        wait_for(self.inner(first))  # the uncompressed entries and every P, in one allreduce
         at = 0
         for d in dense:
             d.copy_(first[at : at + d.numel()])
@@ -279,7 +280,7 @@ class PowerSGD:
             at += p.numel()
             qs.append((p_sum, torch.matmul(mat.t(), p_sum)))
         second = torch.cat([q.reshape(-1) for _, q in qs])
-        self.inner(second).wait()
+        wait_for(self.inner(second))
         at = 0
         for m, (p_hat, q) in zip(state.matrices, qs, strict=True):
             m.q = second[at : at + q.numel()].view_as(q).clone()
