@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from longboat.cluster.backends import runs_on_device
 from longboat.cluster.env import discover
 from longboat.cluster.info import ClusterError, ClusterInfo
 from longboat.cluster.startup import Startup
@@ -150,7 +151,7 @@ def _start_group(
 def _gather(key: str | None, backend: str) -> Topology:
     if dist.get_world_size() == 1:
         return Topology((0,), 0)
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+    device = torch.device("cuda", torch.cuda.current_device()) if runs_on_device(backend) else None
     return gather_topology(node_key(key), device or torch.device("cpu"))
 
 

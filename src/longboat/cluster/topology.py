@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from longboat.cluster.backends import runs_on_device
+
 #: Bytes per node key on the wire: 2 for the length, the rest for the UTF-8 text.
 KEY_BYTES = 258
 
@@ -127,13 +129,13 @@ def comm_defaults(node_of: Sequence[int], backend: str, spans_world: bool = True
     """
     counts = Counter(node_of)
     ranks, nodes, per_node = len(node_of), len(counts), sorted(set(counts.values()))
-    if nodes > 1 and backend != "nccl":
+    if nodes > 1 and not runs_on_device(backend):
         fuse, comms = MULTI_NODE_FUSE_MB, MULTI_NODE_COMMS
     else:
         fuse, comms = ONE_NODE_FUSE_MB, ONE_NODE_COMMS
     if ranks == 1:
         algorithm, reason = "native", "one rank"
-    elif backend == "nccl":
+    elif runs_on_device(backend):
         algorithm, reason = "native", "NCCL"
     elif nodes == 1:
         algorithm, reason = "shm", "one node, CPU"

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 import longboat.cluster as cluster
+from longboat.cluster.backends import runs_on_device
 from longboat.collective.amp import Amp
 from longboat.collective.autotune import AutoTuner, Builder, make_tuner
 from longboat.collective.buckets import BucketPlan, GradSpec, layer_of, plan_buckets
@@ -42,8 +43,9 @@ from longboat.collective.reducer import Reducer
 from longboat.collective.sync_bn import convert_sync_batchnorm
 from longboat.comm import algorithms
 from longboat.comm.algorithms import AllreduceFn
-from longboat.comm.compress import make_compressor
-from longboat.comm.exchange import any_rank
+from longboat.comm.background import AsyncAllreduce
+from longboat.comm.compress import ThreadedCompressor, make_compressor
+from longboat.comm.exchange import any_rank, bind_device
 from longboat.comm.groups import make_communicators
 from longboat.comm.serial import SerialAllreduce
 from longboat.log import get_logger
@@ -87,6 +89,7 @@ def distribute(
     reducer, compressors = build_reducer(
         named, plan, optimizer, communicators=comm.pair, check_finite=scaled
     )
+    _warn_if_sync_bn_order_may_differ(plan, [*comm.fns, *compressors])
     tuner = (
         make_tuner(plan, _candidate_builder(named, plan, optimizer, scaled, comm))
         if plan.auto
@@ -156,6 +159,7 @@ def _prepare(
     if not named:
         raise ValueError("the model has no parameters that require grad: nothing to train")
     _check_devices(named)
+    bind_device(named[0][1].device)  # control collectives go to the model's GPU
     return model, named
 
 
@@ -376,10 +380,38 @@ def _candidate_builder(
     return build
 
 
+def _warn_if_sync_bn_order_may_differ(plan: CollectivePlan, fns: list[AllreduceFn]) -> None:
+    """NCCL: every rank must queue its collectives on all communicators in one order. Sync
+    BN's allreduces (default group) and the buckets' (their communicators) are queued in the
+    autograd graph's order; say where that order may differ between ranks."""
+    if not (plan.sync_batch_norm and runs_on_device(dist.get_backend())):
+        return
+    threaded = any(isinstance(fn, AsyncAllreduce | ThreadedCompressor) for fn in fns)
+    causes = [
+        "find_unused_parameters=True lets ranks take different branches"
+        if plan.find_unused_parameters
+        else "",
+        f"{plan.comm.algorithm!r} / {plan.compression.name!r} queue bucket collectives from "
+        "a worker thread"
+        if threaded
+        else "",
+    ]
+    causes = [c for c in causes if c]
+    if causes and cluster.rank() == 0:
+        log.warning(
+            "sync BN on %s: %s, so ranks may queue sync BN's allreduces and the buckets' in "
+            "different orders, which NCCL can deadlock on; run the same layers on every rank "
+            "and use the native algorithm without DGC/PowerSGD to rule it out "
+            "(docs/collective.md, 'Sync BN beside the bucket communicators')",
+            dist.get_backend(),
+            "; ".join(causes),
+        )
+
+
 def _check_devices(named: list[tuple[str, nn.Parameter]]) -> None:
     backend = dist.get_backend()
     for name, p in named:
-        if backend == "nccl" and p.device.type != "cuda":
+        if runs_on_device(backend) and p.device.type != "cuda":
             raise ValueError(
                 f"parameter {name!r} is on {p.device} but the backend is NCCL: move the model "
                 f"to its GPU first, e.g. model.to('cuda:{cluster.local_rank()}')"

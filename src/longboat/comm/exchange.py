@@ -5,13 +5,35 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from longboat.cluster.backends import runs_on_device
+
+_bound_device: torch.device | None = None
+
+
+def bind_device(device: torch.device) -> None:
+    """This rank's GPU, as ``lb.distribute`` found it on the model: where control tensors go
+    when the group itself names no device."""
+    global _bound_device
+    _bound_device = device if device.type == "cuda" else None
+
 
 def control_device(group: dist.ProcessGroup | None = None) -> torch.device:
-    """Where the tensors of ``group``'s collectives live: the current GPU under NCCL, which
-    has no CPU collectives, else the CPU."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """Where the tensors of ``group``'s small control collectives live.
+
+    The CPU under Gloo. Under NCCL, which has no CPU collectives, this rank's GPU: the one the
+    group was bound to (``init_process_group(device_id=...)``), else the one this rank's model
+    lives on (:func:`bind_device`), else the current CUDA device. A group a user initialised
+    without ``torch.cuda.set_device`` would otherwise exchange on GPU 0 from every rank.
+    """
+    if not runs_on_device(dist.get_backend(group)):
+        return torch.device("cpu")
+    pg = group if group is not None else dist.group.WORLD
+    bound = getattr(pg, "bound_device_id", None)
+    if bound is not None:
+        return bound
+    if _bound_device is not None:
+        return _bound_device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def any_rank(flag: bool, group: dist.ProcessGroup | None = None) -> bool:

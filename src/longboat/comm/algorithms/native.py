@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from longboat.cluster.backends import runs_on_device
 from longboat.comm.algorithms import AllreduceFn, Done, Handle, register
 
 
@@ -14,7 +15,7 @@ def make_native(group: dist.ProcessGroup) -> AllreduceFn:
     # One rank: nothing to exchange on Gloo. On NCCL the allreduce is still launched (a
     # device-side no-op for an in-place single-rank sum) so that one GPU runs, and measures,
     # the same stream hand-offs as N GPUs do.
-    single = dist.get_world_size(group) == 1 and dist.get_backend(group) != "nccl"
+    single = dist.get_world_size(group) == 1 and not runs_on_device(dist.get_backend(group))
     options = dist.AllreduceOptions()
     options.reduceOp = dist.ReduceOp.SUM
 
