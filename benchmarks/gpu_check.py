@@ -6,6 +6,13 @@
 Needs nothing beyond torch (2.11 or newer, with CUDA) and longboat's own dependencies, and
 finishes within about 6 minutes on one GPU. Parts:
 
+* ``ordering``: every Strategy variant at 4 virtual ranks over the lagging test backend
+  (``tests/_lagging_backend.py``): NCCL's stream semantics, with each collective's result
+  landing only after a deliberate delay on its own stream, so a reader the stream does not
+  order after the reduction reads stale gradients. Exact variants must equal a
+  single-process run on the same batch; lossy ones the same virtual run on CPU tensors
+  (host completion). A negative control (bucket handles replaced by host-completed futures,
+  the defect this part exists to catch) must fail.
 * ``equivalence``: 2 ranks sharing the GPU over Gloo with CUDA tensors, for every allreduce
   algorithm, compressor, AMP dtype, sync BN, gradient merge and local SGD. Exact settings
   must equal a single-process CUDA run on the global batch; lossy ones (compressed
@@ -47,11 +54,13 @@ from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests._dist import run_ranks  # noqa: E402 - after the path tweak
+from tests import _lagging_harness as lagging  # noqa: E402 - after the path tweak
+from tests._dist import run_ranks  # noqa: E402
 
-PARTS = ("equivalence", "syncs", "overhead", "launcher", "tests")
+PARTS = ("ordering", "equivalence", "syncs", "overhead", "launcher", "tests")
 STEPS = 6
-GLOBAL_BATCH, IN, HIDDEN, CLASSES = 32, 32, 256, 10
+GLOBAL_BATCH = 32
+IN, CLASSES = lagging.IN, lagging.CLASSES
 
 # name -> (Strategy fields, reference): "global" = single-process CUDA run on the global batch
 EQUIVALENCE: dict[str, tuple[dict[str, Any], str]] = {
@@ -127,22 +136,7 @@ class Row:
 # ---- models and data ---------------------------------------------------------------------------
 
 
-class Net(nn.Module):
-    """An MLP with LayerNorm (per-sample: shards and the global batch agree) or BatchNorm."""
-
-    def __init__(self, batch_norm: bool, spare: bool):
-        super().__init__()
-        norm = nn.BatchNorm1d if batch_norm else nn.LayerNorm
-        self.fc1, self.norm1 = nn.Linear(IN, HIDDEN), norm(HIDDEN)
-        self.fc2, self.norm2 = nn.Linear(HIDDEN, HIDDEN), norm(HIDDEN)
-        self.head = nn.Linear(HIDDEN, CLASSES)
-        self.spare = nn.Linear(HIDDEN, CLASSES) if spare else None  # for find_unused_parameters
-
-    def forward(self, x: torch.Tensor, use_spare: bool = False) -> torch.Tensor:
-        h = torch.tanh(self.norm1(self.fc1(x)))
-        h = torch.tanh(self.norm2(self.fc2(h)))
-        out = self.head(h)
-        return out + self.spare(h) if use_spare and self.spare is not None else out
+Net = lagging.Net  # the same model as the ordering harness
 
 
 def _data(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,6 +276,52 @@ def check_equivalence(
                 f"vs {what}; ranks apart {apart:.1e}",
             )
         )
+
+
+# ---- ordering: N virtual ranks with NCCL's stream semantics --------------------------------------
+
+
+def check_ordering(rows: list[Row], device: str = "cuda:0") -> None:
+    """Every variant through the lagging backend; see ``tests/_lagging_harness.py``.
+
+    ``device`` "cpu" runs the same comparisons with host completion (the suite checks the
+    script): there the negative control must match, since nothing lags."""
+    lags = torch.device(device).type == "cuda"
+    names = [*lagging.VARIANTS, lagging.CONTROL, lagging.NEGATIVE]
+    (gpu,) = run_ranks(lagging.run_all, 1, device, names, timeout=300)
+    lossy = [n for n, (_, against) in lagging.VARIANTS.items() if against == "host"]
+    (host,) = run_ranks(lagging.run_all, 1, "cpu", lossy, timeout=300)
+    for name in names:
+        result = gpu[name]
+        if "error" in result:
+            rows.append(Row("ordering", name, False, "error", result["error"].strip()[-300:]))
+            continue
+        if name == lagging.CONTROL:
+            rows.append(Row("ordering", name, True, result["control"]))
+            continue
+        against = lagging.VARIANTS.get(name, ({}, "single"))[1]
+        if against == "host":
+            if "error" in host[name]:
+                rows.append(Row("ordering", name, False, "host run failed", host[name]["error"]))
+                continue
+            reference, what = host[name]["run"], "the same virtual run on CPU"
+        else:
+            reference = lagging.single_reference(name, torch.device(device))
+            what = "1 process, same batch"
+        tol = lagging.tolerance(name, against)
+        diff = lagging.max_diff(result["run"], reference)
+        must_differ = name == lagging.NEGATIVE and lags  # the control must fail where it lags
+        ok = diff > tol if must_differ else diff <= tol
+        expect = "must differ" if must_differ else f"tol {tol:.0e}"
+        rows.append(Row("ordering", name, ok, f"max diff {diff:.1e} ({expect})", f"vs {what}"))
+    rows.append(
+        Row(
+            "ordering",
+            "collectives through the lagging backend",
+            gpu["collectives"] > 0 and gpu["poison left"] == 0,
+            f"{gpu['collectives']} collectives, {lagging.VIRTUAL_RANKS} virtual ranks",
+        )
+    )
 
 
 # ---- host synchronisations -------------------------------------------------------------------------
@@ -494,6 +534,7 @@ def main() -> int:
     print(f"gpu_check on {header}", flush=True)
     rows: list[Row] = []
     checks: dict[str, Callable[[], None]] = {
+        "ordering": lambda: check_ordering(rows),
         "equivalence": lambda: check_equivalence(rows),
         "syncs": lambda: check_syncs(rows),
         "overhead": lambda: check_overhead(rows, out, args.quick),

@@ -26,10 +26,20 @@ def test_equivalence_part_runs_on_cpu_tensors(gpu_check) -> None:
     assert "| equivalence | default | yes |" in gpu_check.table(rows)
 
 
+def test_ordering_part_runs_on_cpu_tensors(gpu_check) -> None:
+    """Host completion: every variant matches its reference, the negative control too."""
+    rows = []
+    gpu_check.check_ordering(rows, device="cpu")
+    failed = [r for r in rows if not r.ok]
+    assert not failed, gpu_check.table(failed)
+    assert len(rows) == len(gpu_check.lagging.VARIANTS) + 3
+
+
 def test_every_setting_it_names_is_a_valid_strategy(gpu_check) -> None:
     import longboat as lb
 
-    for fields, _ in [*gpu_check.EQUIVALENCE.values(), *gpu_check.SYNCS.values()]:
+    settings = [*gpu_check.EQUIVALENCE.values(), *gpu_check.SYNCS.values()]
+    for fields, _ in [*settings, *gpu_check.lagging.VARIANTS.values()]:
         lb.Strategy(**fields).check()
     for _, _, fields in gpu_check.OVERHEAD:
         lb.Strategy(**fields).check()
