@@ -78,6 +78,7 @@ OTHER_DEFAULTS: dict[str, Any] = {
     "fp16_allreduce": False,
     "last_comm_group_size_MB": 1.0,
     "find_unused_parameters": False,
+    "broadcast_buffers": False,
     "allreduce_algorithm": "topology",
     "timeline": None,
     "stall_warning_seconds": 60.0,
@@ -602,7 +603,7 @@ def test_backward_optimizer_deps_false_is_refused_with_reason() -> None:
 IMPLEMENTED = {
     "sync_nccl_allreduce", "nccl_comm_num", "fuse_all_reduce_ops", "fuse_grad_size_in_MB",
     "fuse_grad_size_in_TFLOPS", "last_comm_group_size_MB", "gradient_merge",
-    "gradient_merge_configs", "find_unused_parameters", "mode", "fuse_broadcast_ops",
+    "gradient_merge_configs", "find_unused_parameters", "broadcast_buffers", "mode", "fuse_broadcast_ops",
     "fuse_all_optimizer_ops", "num_threads", "enable_backward_optimizer_op_deps",
     "enable_sequential_execution", "cudnn_exhaustive_search", "conv_workspace_size_limit",
     "fuse_elewise_add_act_ops", "fuse_bn_act_ops", "fuse_relu_depthwise_conv",

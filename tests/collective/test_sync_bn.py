@@ -133,6 +133,7 @@ def _two_ranks(rank: int, world: int) -> dict[str, Any]:
         "cases": [_run_case(rank, case) for case in CASES_2],
         "misc": _misc(rank, world),
         "train": _train_both(rank, world),
+        "buffers": _buffers_vs_ddp(rank, world),
     }
 
 
@@ -296,6 +297,49 @@ def test_training_equals_single_process_batchnorm(two_ranks: list[dict[str, Any]
     plain = got[0]["plain"]
     assert not torch.allclose(plain["0.1.running_mean"], want["0.1.running_mean"], atol=1e-3)
     assert not torch.allclose(plain["4.weight"], want["4.weight"], atol=1e-3)
+
+
+def _buffers_vs_ddp(rank: int, world: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Plain BatchNorm, each rank on its half: longboat with and without broadcast_buffers,
+    and DDP with its default broadcast_buffers=True, on the same shards."""
+    import longboat as lb
+
+    local = BATCH // world
+
+    def run(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+        for step in range(STEPS):
+            x, y = _batch(step)
+            opt.zero_grad()
+            out = model(x[rank * local : (rank + 1) * local])
+            F.cross_entropy(out, y[rank * local : (rank + 1) * local]).backward()
+            opt.step()
+        inner = model.module
+        return {k: v.detach().clone() for k, v in inner.state_dict().items()}
+
+    out = {}
+    for name, fields in (("longboat", {"broadcast_buffers": True}), ("longboat_local", {})):
+        net = _net()
+        model, opt = lb.distribute(
+            net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), lb.Strategy(**fields)
+        )
+        out[name] = run(model, opt)
+    net = _net()
+    ddp = nn.parallel.DistributedDataParallel(net)
+    out["ddp"] = run(ddp, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    return out
+
+
+def test_broadcast_buffers_matches_ddp(two_ranks: list[dict[str, Any]]) -> None:
+    """Strategy(broadcast_buffers=True): parameters and BatchNorm statistics on every rank as
+    under DDP's default; without it rank 1 keeps statistics of its own data."""
+    for rank, result in enumerate(r["buffers"] for r in two_ranks):
+        got, want = result["longboat"], result["ddp"]
+        assert got.keys() == want.keys()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=f"{rank} {k}")
+        if rank == 1:
+            local = result["longboat_local"]["0.1.running_mean"]
+            assert not torch.allclose(local, want["0.1.running_mean"], atol=1e-4)
 
 
 # --- single process --------------------------------------------------------------------------

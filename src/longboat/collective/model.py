@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from longboat.collective.amp import Amp
+from longboat.collective.consistency import broadcast_state
 from longboat.collective.plan import CollectivePlan
 from longboat.collective.reducer import Reducer
 
@@ -57,6 +58,8 @@ class DistributedModel(nn.Module):
         training = self.training and torch.is_grad_enabled()
         if not training:
             return self._run(args, kwargs)
+        if self.plan is not None and self.plan.broadcast_buffers and not self._no_sync:
+            self._buffers_from_rank0()
         self.micro_step += 1
         sync = self.communicate and not self._no_sync and self.is_merge_boundary()
         if sync and self.tuner is not None:
@@ -76,6 +79,13 @@ class DistributedModel(nn.Module):
         if sync and self.reducer.find_unused:
             self.reducer.mark_unused(self._unreachable(output))
         return output
+
+    def _buffers_from_rank0(self) -> None:
+        """``broadcast_buffers``: every rank takes rank 0's buffers (one coalesced broadcast
+        per dtype on the default group, queued in forward's program order on every rank)."""
+        buffers = [b for b in self.module.buffers() if b is not None]
+        if buffers:
+            broadcast_state(buffers, coalesce=True)
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
         if self.amp is None:

@@ -174,6 +174,8 @@ class CollectivePlan:
     local_sgd: LocalSGDPlan | None
     find_unused_parameters: bool
     sync_batch_norm: bool
+    broadcast_buffers: bool
+    """Rank 0's buffers to every rank before each training forward (DDP's default)."""
     coalesce_broadcast: bool
     """``fuse_broadcast_ops``: the start-up broadcast in one message per dtype."""
     auto: bool
@@ -217,6 +219,7 @@ def resolve(strategy: Strategy, placement: Placement) -> CollectivePlan:
         local_sgd=_local_sgd(strategy),
         find_unused_parameters=bool(strategy.find_unused_parameters),
         sync_batch_norm=bool(strategy.sync_batch_norm),
+        broadcast_buffers=bool(strategy.broadcast_buffers),
         coalesce_broadcast=bool(strategy.fuse_broadcast_ops),
         auto=bool(strategy.auto),
         choice=choice,

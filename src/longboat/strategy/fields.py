@@ -225,6 +225,14 @@ _STATIC: tuple[FieldSpec, ...] = (
         implemented(),
     ),
     FieldSpec(
+        "broadcast_buffers",
+        Bool(),
+        False,
+        "broadcast rank 0's buffers (BatchNorm statistics) before every training forward, "
+        "as DDP does by default",
+        implemented(),
+    ),
+    FieldSpec(
         "cudnn_exhaustive_search",
         Bool(),
         True,
