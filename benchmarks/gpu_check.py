@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,18 +157,10 @@ def _build(name: str, seed: int, device: torch.device) -> tuple[Net, torch.optim
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
-def _micro_steps(fields: dict[str, Any]) -> int:
-    return int(fields.get("gradient_merge_configs", {}).get("k_steps", 1))
-
-
-def _autocast(fields: dict[str, Any]) -> torch.dtype | None:
-    if not fields.get("amp"):
-        return None
-    return torch.float16 if fields["amp_configs"]["dtype"] == "float16" else torch.bfloat16
-
-
-def _params(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+_micro_steps = lagging.merge_steps
+_autocast = lagging.autocast_dtype
+_params = lagging.params
+_max_diff = lagging.max_diff
 
 
 # ---- equivalence ---------------------------------------------------------------------------------
@@ -237,10 +228,6 @@ def _global_reference(name: str, world: int, device: torch.device) -> dict[str, 
             (torch.stack(losses).mean() / k).backward()
         opt.step()
     return _params(model)
-
-
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max(float((a[n] - b[n]).abs().max()) for n in a)
 
 
 def check_equivalence(

@@ -104,17 +104,20 @@ def _data(micro_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.randint(0, CLASSES, (micro_steps, BATCH), generator=g)
 
 
-def _merge(fields: dict[str, Any]) -> int:
+def merge_steps(fields: dict[str, Any]) -> int:
+    """Micro-steps per optimizer step under gradient merge (1 without)."""
     return int(fields.get("gradient_merge_configs", {}).get("k_steps", 1))
 
 
-def _autocast(fields: dict[str, Any]) -> torch.dtype | None:
+def autocast_dtype(fields: dict[str, Any]) -> torch.dtype | None:
+    """The AMP dtype the Strategy fields ask for, None without AMP."""
     if not fields.get("amp"):
         return None
     return torch.float16 if fields["amp_configs"]["dtype"] == "float16" else torch.bfloat16
 
 
-def _params(model: nn.Module) -> dict[str, torch.Tensor]:
+def params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters by name, on the CPU (to compare across devices and processes)."""
     return {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
 
 
@@ -161,7 +164,7 @@ def distributed_run(name: str, device: torch.device) -> dict[str, torch.Tensor]:
         fields = {"allreduce_algorithm": "native", **fields}
     model, opt = _model(name, device)
     dmodel, dopt = lb.distribute(model, opt, lb.Strategy(**fields))
-    k = _merge(fields)
+    k = merge_steps(fields)
     x, y = _data(STEPS * k)
     for i in range(x.shape[0]):
         if i % k == 0:
@@ -171,7 +174,7 @@ def distributed_run(name: str, device: torch.device) -> dict[str, torch.Tensor]:
         out = dmodel(x[i].to(device), use_spare=_uses_spare(i))
         F.cross_entropy(out, y[i].to(device)).backward()
         dopt.step()
-    return _params(model)
+    return params(model)
 
 
 def single_reference(
@@ -183,9 +186,9 @@ def single_reference(
         return single_reference("default", device)
     fields, _ = VARIANTS[name]
     model, opt = _model(name, device)
-    k = _merge(fields)
+    k = merge_steps(fields)
     x, y = _data(STEPS * k)
-    dtype = _autocast(fields)
+    dtype = autocast_dtype(fields)
     for step in range(STEPS):
         opt.zero_grad()
         for micro in range(k):
@@ -196,7 +199,7 @@ def single_reference(
             (loss / k).backward()
         if not (skip_overflow and _poisoned(name, step)):  # an overflow skips it everywhere
             opt.step()
-    return _params(model)
+    return params(model)
 
 
 def control_flags(device: torch.device) -> str:

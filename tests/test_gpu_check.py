@@ -26,6 +26,7 @@ def test_equivalence_part_runs_on_cpu_tensors(gpu_check) -> None:
     assert "| equivalence | default | yes |" in gpu_check.table(rows)
 
 
+@pytest.mark.slow  # tests/collective/test_virtual_ranks.py checks the harness in the quick tier
 def test_ordering_part_runs_on_cpu_tensors(gpu_check) -> None:
     """Host completion: every variant matches its reference, the negative control too."""
     rows = []

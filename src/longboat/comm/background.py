@@ -56,13 +56,13 @@ class BackgroundAllreduce:
             if item is _STOP:
                 return
             tensor, fn, handoff = item
-            with streams.running(handoff):  # the future records this stream's event
-                try:
+            try:
+                with streams.running(handoff):  # the future records this stream's event
                     fn(tensor)
-                except BaseException as exc:  # noqa: BLE001 - delivered to the waiter
-                    handoff.future.set_exception(exc)
-                else:
                     handoff.future.set_result(tensor)
+            except BaseException as exc:  # noqa: BLE001 - delivered to the waiter
+                if not handoff.future.done():
+                    handoff.future.set_exception(exc)
 
 
 State = TypeVar("State", bound=Callable[[torch.Tensor], None])
