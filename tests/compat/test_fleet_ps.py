@@ -30,6 +30,7 @@ def _launch(tmp_path: Path, mode: str) -> str:
     return logs
 
 
+@pytest.mark.slow  # a whole end-to-end run: the slow tier (CI runs it after the quick one)
 def test_sync_flow_equals_global_batch_and_servers_end_after_stop_worker(tmp_path):
     logs = _launch(tmp_path, "sync")
     cfg = W.Config()

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.launch._launcher import rank_pids, run_launcher
 
 CLUSTER_PROBE = """\
@@ -88,6 +90,7 @@ def _end(proc: subprocess.Popen[str], pid_dirs: list[Path]) -> tuple[str, str, l
     return out, err, left
 
 
+@pytest.mark.slow  # a whole end-to-end run: the slow tier (CI runs it after the quick one)
 def test_two_jobs_in_one_directory_keep_their_own_logs(tmp_path):
     script = tmp_path / "waiter.py"
     script.write_text(WAITER)

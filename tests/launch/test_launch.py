@@ -118,6 +118,7 @@ def test_taken_explicit_port_is_named(tmp_path):
         assert "python" in done.stdout  # the holder is this test process, named by ss
 
 
+@pytest.mark.slow  # a whole end-to-end run: the slow tier (CI runs it after the quick one)
 def test_parameter_server_roles(tmp_path):
     done = launch(tmp_path, "--servers", "2", "--workers", "2", str(PROBE), str(tmp_path), "ps")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -27,6 +27,7 @@ from tests.ps._harness import server_processes
 SCRIPT = Path(__file__).with_name("launch_train.py")
 
 
+@pytest.mark.slow  # a whole end-to-end run: the slow tier (CI runs it after the quick one)
 def test_launched_servers_and_trainers_match_global_batch(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "longboat", "launch", "--servers", "2", "--workers", "2",

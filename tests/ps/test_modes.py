@@ -49,6 +49,7 @@ def _sync_accuracy(epochs: int) -> float:
     return D.accuracy(model, test)
 
 
+@pytest.mark.slow  # a whole end-to-end run: the slow tier (CI runs it after the quick one)
 def test_async_modes_reach_sync_accuracy() -> None:
     epochs = 8
     modes = [m for m in MODES if m != "sync"]

@@ -48,6 +48,7 @@ def test_size_parsing_and_algorithm_choice() -> None:
     assert "hierarchical" not in comm.usable_algorithms(None, nodes=1)
 
 
+@pytest.mark.slow  # a whole end-to-end run: the slow tier (CI runs it after the quick one)
 def test_bench_train_end_to_end(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text("nccl_comm_num: 2\n")
     out = _longboat(

@@ -101,6 +101,7 @@ def test_demo_rejects_uneven_batch(capsys: pytest.CaptureFixture[str]):
     assert "multiple of --nproc" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a whole end-to-end run: the slow tier (CI runs it after the quick one)
 @pytest.mark.skipif(shutil.which("longboat") is None, reason="console script not installed")
 def test_console_script_runs_demo():
     exe = shutil.which("longboat")
