@@ -29,6 +29,20 @@ def test_one_node_still_needs_servers_and_workers(tmp_path: Path) -> None:
         _spec(tmp_path, "--servers", "1", "--workers", "0")
 
 
+def test_checkpoint_dir_reaches_every_rank_of_a_ps_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from longboat.launch.runner import _rank_env
+
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path, "--servers", "2", "--workers", "2", "--checkpoint-dir", "pschk")
+    assert spec.ps_checkpoint_dir == str(tmp_path / "pschk")
+    env = _rank_env(spec, "127.0.0.1", [1, 2, 3, 4])
+    assert env["LONGBOAT_PS_CHECKPOINT_DIR"] == str(tmp_path / "pschk")
+    with pytest.raises(LaunchOptionError, match="--checkpoint-dir pschk is for parameter-server"):
+        _spec(tmp_path, "--nproc-per-node", "2", "--checkpoint-dir", "pschk")
+
+
 def test_several_nodes_need_a_shared_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LONGBOAT_PS_TOKEN", raising=False)
     monkeypatch.delenv("LONGBOAT_PS_TOKEN_FILE", raising=False)

@@ -257,3 +257,24 @@ def test_second_backward_with_overlap_is_refused_not_lost() -> None:
         with pytest.raises(RuntimeError, match="backward ran twice"):
             opt.step()
         m.engine.close()
+
+
+def test_every_trainer_saving_at_once_writes_each_step_once(tmp_path: Path) -> None:
+    """The documented flow: every trainer calls ``lb.ps.save()`` after its loop, at the same
+    step. One checkpoint per server and step, written once, loadable; both calls get the step."""
+    from longboat.ps import checkpoint
+
+    with servers(2, checkpoint_dir=tmp_path) as (eps, token):
+        trainers = _engines(eps, token, 2)
+        for i in range(3):
+            assert _step(trainers, i) == [None, None]
+        for _ in range(3):  # repeated: two saves of one step once raced on the same file
+            assert _all(trainers, lambda engine: engine.save()) == [3, 3]
+        for index in range(2):
+            assert checkpoint.steps_saved(tmp_path, index) == [3]
+            assert checkpoint.load(tmp_path, index)["index"] == index
+        assert _step(trainers, 3) == [None, None]
+        assert _all(trainers, lambda engine: engine.save()) == [4, 4]
+        assert checkpoint.steps_saved(tmp_path, 0) == [3, 4]
+        for _, m, _ in trainers:
+            m.engine.close()

@@ -37,6 +37,7 @@ class LaunchSpec:
     workers: int = 0
     ports: list[int] = field(default_factory=list)  # this node's ranks' ports, when listed
     timeout: float = 300.0
+    ps_checkpoint_dir: str | None = None  # parameter-server checkpoints (absolute path)
 
     @property
     def ps(self) -> bool:
@@ -132,6 +133,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="parameter-server mode: trainer processes on this node (0 on a server-only node "
         "of a multi-node job), or every trainer's ip:port (with --servers ip:port,...)",
+    )
+    procs.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        metavar="DIR",
+        help="parameter-server mode: where servers write checkpoints (lb.ps.save(), "
+        "LONGBOAT_PS_CHECKPOINT_EVERY) and restart from; sets LONGBOAT_PS_CHECKPOINT_DIR "
+        "for every rank",
     )
     cluster = p.add_argument_group("cluster")
     cluster.add_argument(
@@ -258,7 +267,20 @@ def spec_from_args(a: argparse.Namespace) -> LaunchSpec:
         workers=a.workers,
         ports=fixed_ports,
         timeout=a.timeout,
+        ps_checkpoint_dir=_ps_checkpoint_dir(a),
     )
+
+
+def _ps_checkpoint_dir(a: argparse.Namespace) -> str | None:
+    """``--checkpoint-dir``: parameter-server mode only; its absolute path."""
+    if a.checkpoint_dir is None:
+        return None
+    if not (a.servers or a.workers):
+        raise LaunchOptionError(
+            f"--checkpoint-dir {a.checkpoint_dir} is for parameter-server jobs (with --servers "
+            "and --workers); collective jobs save with lb.save_checkpoint(path, ...)"
+        )
+    return os.path.abspath(a.checkpoint_dir)
 
 
 def _devices(a: argparse.Namespace) -> list[str]:
@@ -613,7 +635,11 @@ def _check_config_file(path: str, given: str) -> None:
 
 def _replaced(a: argparse.Namespace) -> frozenset[str]:
     """The ``LONGBOAT_*`` variables these options replace for the ranks."""
-    names = {"LONGBOAT_TIMEOUT": a.failure_timeout, "LONGBOAT_CONFIG": a.config}
+    names = {
+        "LONGBOAT_TIMEOUT": a.failure_timeout,
+        "LONGBOAT_CONFIG": a.config,
+        "LONGBOAT_PS_CHECKPOINT_DIR": a.checkpoint_dir,
+    }
     return frozenset(name for name, option in names.items() if option is not None)
 
 

@@ -265,6 +265,8 @@ def _rank_env(spec: LaunchSpec, my_ip: str, ports: list[int]) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.devices)
     if spec.config:
         env["LONGBOAT_CONFIG"] = spec.config
+    if spec.ps_checkpoint_dir:
+        env["LONGBOAT_PS_CHECKPOINT_DIR"] = spec.ps_checkpoint_dir
     if spec.multinode_ps:  # the job-wide layout is gathered by the ranks at start-up
         env["LONGBOAT_LOCAL_SERVERS"] = str(spec.servers)
     elif spec.servers:

@@ -92,6 +92,7 @@ class Server:
         self.finished = threading.Event()  # set once every trainer said stop (fleet.stop_worker)
         self._restored: set[tuple[int, int]] = set()
         self.restored_step: int | None = None
+        self._saved_step: int | None = None  # the step whose checkpoint this state wrote
         if self.checkpoint_dir is not None:
             saved = checkpoint.load(self.checkpoint_dir, index)
             if saved is not None:
@@ -276,8 +277,11 @@ class Server:
         return Message(reply)
 
     def _do_save(self, req: schema.Save, deadline: float) -> Message:
-        step = self.state.version()
-        self._save(step)
+        """Checkpoint the current step, once: every trainer may call ``lb.ps.save()`` at the
+        same step, and the first call writes while the others find the step saved."""
+        with self.state.cond:  # as the periodic save: no push changes the state meanwhile
+            step = self.state.version()
+            self._save(step)
         return Message({"step": step})
 
     def _do_restore(self, req: schema.Restore, deadline: float) -> Message:
@@ -304,6 +308,7 @@ class Server:
                 if saved is None:
                     raise RequestError(f"server {self.index} has no checkpoint to restore")
                 self.state.load_state_dict(saved, self.checkpoint_dir)
+                self._saved_step = None  # the steps after this one will be trained anew
                 self._restored.add(key)
                 log.info("server %d rolled back to step %d", self.index, req.step)
             self.state.cond.notify_all()
@@ -320,7 +325,10 @@ class Server:
                 f"server {self.index} was started without a checkpoint directory "
                 f"(--checkpoint-dir or {CHECKPOINT_DIR_ENV})"
             )
+        if step == self._saved_step:
+            return  # another trainer's save, or the periodic one, wrote this step already
         path = checkpoint.save_streaming(self.checkpoint_dir, self.index, step, self.state)
+        self._saved_step = step
         log.info("server %d saved step %d to %s", self.index, step, path)
 
     def _periodic_save(self, step: int) -> None:
