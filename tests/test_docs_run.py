@@ -1,0 +1,66 @@
+"""The documentation's runnable examples run as written (slow tier).
+
+A fenced block preceded by ``<!-- docs-run: COMMAND -->`` is written to the file its first line
+names (``# train.py``) in a fresh directory, and ``COMMAND`` runs there: it must exit 0. A
+block preceded by a bare ``<!-- docs-run -->`` is a shell block, run as is in the directory of
+the files written before it in the same document. So an example cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARKED = re.compile(
+    r"<!-- docs-run(?::\s*(?P<cmd>.*?))?\s*-->\n```(?P<lang>\w+)\n(?P<body>.*?)```", re.S
+)
+NAMED = re.compile(r"#\s*(?P<name>[\w.-]+\.py)\s*\n")
+
+
+def examples() -> list[tuple[str, list[tuple[str | None, str, str]]]]:
+    """Per document with marked blocks: its (command, language, body) triples, in order."""
+    found = []
+    for doc in DOCS:
+        blocks = [(m["cmd"], m["lang"], m["body"]) for m in MARKED.finditer(doc.read_text())]
+        if blocks:
+            found.append((str(doc.relative_to(ROOT)), blocks))
+    return found
+
+
+def test_the_marker_finds_the_documented_examples() -> None:
+    docs = dict(examples())
+    assert {"README.md", "docs/ps.md"} <= set(docs)
+    for doc, blocks in docs.items():
+        for cmd, lang, body in blocks:
+            if cmd is not None:
+                assert lang == "python" and NAMED.match(body), f"{doc}: name the file: # x.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("doc", "blocks"), examples(), ids=[d for d, _ in examples()])
+def test_example_runs_as_written(doc: str, blocks: list, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for cmd, _, body in blocks:
+        if cmd is not None:
+            (tmp_path / NAMED.match(body)["name"]).write_text(body)
+            argv = cmd.split()
+            if argv[0] == "python":
+                argv[0] = sys.executable
+            run = subprocess.run(
+                argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+            )
+        else:
+            run = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", body], cwd=tmp_path, env=env,
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+        assert run.returncode == 0, (
+            f"{doc}: {cmd or body}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+        )
