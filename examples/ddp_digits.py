@@ -1,7 +1,8 @@
 """The PyTorch ImageNet flow (pytorch/examples imagenet/main.py), on scikit-learn's digits.
 
 The same steps as the original: arguments, process group, model wrapped for data parallelism,
-DistributedSampler + DataLoader, train / validate per epoch, checkpoint on rank 0. longboat
+DistributedSampler + DataLoader, train / validate per epoch, checkpoint every epoch (resumed
+from when the script runs again with the same ``--checkpoint``: the original's --resume). longboat
 replaces the hand-wired pieces: ``lb.init()`` reads the rank, world size and rendezvous that
 the launcher exported (instead of --world-size/--rank/--dist-url), ``lb.distribute`` is the
 DDP wrapper, ``lb.DistributedSampler`` gives every rank the same number of batches.
@@ -29,7 +30,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", default=0.05, type=float)
     p.add_argument("--momentum", default=0.9, type=float)
     p.add_argument("--seed", default=0, type=int)
-    p.add_argument("--checkpoint", default="checkpoint.pt")
+    p.add_argument(
+        "--checkpoint", default="checkpoint.pt", help="written every epoch; resumed from if present"
+    )
     p.add_argument("--dist-backend", default=None, help="gloo or nccl (default: by device)")
     return p.parse_args()
 
@@ -98,7 +101,15 @@ def main() -> None:
     train_loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
     val_loader = DataLoader(val_set, batch_size=256)
 
-    for epoch in range(args.epochs):
+    start = 0
+    state = lb.load_checkpoint(args.checkpoint)  # None on a fresh start
+    if state is not None:  # run again with the same --checkpoint: go on where it stopped
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["epoch"] + 1
+        if info.rank == 0:
+            print(f"resumed from {args.checkpoint} after epoch {state['epoch']}", flush=True)
+    for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)
         loss = train(train_loader, model, optimizer)
         accuracy = validate(val_loader, model)

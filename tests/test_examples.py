@@ -70,6 +70,17 @@ def test_ddp_digits_learns_and_checkpoints(tmp_path):
     assert state["epoch"] == 2 and "conv1.weight" in state["model"]
 
 
+def test_ddp_digits_resumes_from_its_checkpoint(tmp_path):
+    """Run again with the same --checkpoint and more epochs: it goes on, it does not restart."""
+    command, _ = RUNS["ddp_digits.py"]
+    first = ["--epochs", "1", "--checkpoint", "{tmp}/ck.pt"]
+    assert "resumed" not in _run(tmp_path, command, "ddp_digits.py", first)
+    out = _run(tmp_path, command, "ddp_digits.py", ["--epochs", "2", "--checkpoint", "{tmp}/ck.pt"])
+    assert "resumed from" in out and "after epoch 0" in out, out[-2000:]
+    assert re.findall(r"epoch (\d+): train loss", out) == ["1"], out[-2000:]
+    assert torch.load(tmp_path / "ck.pt", weights_only=True)["epoch"] == 1
+
+
 def test_ddp_digits_runs_unchanged_on_one_process(tmp_path):
     out = _run(tmp_path, [sys.executable], "ddp_digits.py", ["--epochs", "1"])
     assert re.search(r"epoch 0: train loss [0-9.]+  val accuracy", out), out[-2000:]
