@@ -1,6 +1,6 @@
 """A script for the launcher's failure-summary tests.
 
-    failure_probe.py OUT_DIR sigkill | stall
+    failure_probe.py OUT_DIR sigkill | stall | hang
 
 Every rank first writes its pid to OUT_DIR/pid.<rank> (so a test can check that none is left).
 
@@ -8,11 +8,14 @@ Every rank first writes its pid to OUT_DIR/pid.<rank> (so a test can check that 
   never complete (rank 0 then fails too, unless the launcher stops it first).
 - ``stall``: rank 1 logs a stall report ("Missing ranks: ...") as an error, 30 more lines, and
   exits with the stall exit code while rank 0 waits in an allreduce.
+- ``hang``: training under lb.distribute; rank 1 sleeps inside its fourth step (the line marked
+  ``# rank 1 hangs here``) while rank 0 waits for its gradients until the job's timeout.
 """
 
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 out_dir, action = Path(sys.argv[1]), sys.argv[2]
@@ -38,5 +41,15 @@ if lb.rank() == 1:
             print(f"unrelated line {i}", flush=True)
         sys.stderr.flush()
         os._exit(STALL_EXIT_CODE)
+if action == "hang":
+    net = torch.nn.Linear(4, 2)
+    model, opt = lb.distribute(
+        net, torch.optim.SGD(net.parameters(), lr=0.1), lb.Strategy(stall_warning_seconds=1)
+    )
+    for step in range(8):
+        if lb.rank() == 1 and step == 3:
+            time.sleep(120)  # rank 1 hangs here
+        model(torch.ones(2, 4)).sum().backward()
+    sys.exit(0)
 dist.all_reduce(torch.zeros(1))  # blocks: rank 1 never joins
 lb.shutdown()

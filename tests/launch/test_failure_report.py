@@ -120,16 +120,37 @@ def test_summary_orders_ranks_and_shows_the_stall_report(tmp_path: Path):
     lines = ["[longboat] ERROR: rank 1 has waited 3.0 s. Missing ranks: 0: [barrier]"]
     lines += [f"later line {i}" for i in range(30)]
     (tmp_path / "workerlog.1").write_text("\n".join(lines) + "\n")
+    (tmp_path / "workerlog.0").write_text('File "train.py", line 9 in <module>\n')
     text = failure_summary(report, str(tmp_path), "node7")
     out = text.splitlines()
-    assert out[0] == "longboat launch: rank 1 exited with code 70 on host node7"
+    assert out[0] == (  # rank 1 waited for rank 0: rank 0 is where to look
+        "longboat launch: rank 0 stopped responding (the stall report below names it missing; "
+        "look at its logs); waiting for it, rank 1 exited with code 70 on host node7"
+    )
     assert out[1] == "then: rank 2 was killed by SIGKILL"
     assert out[2] == (
         "stopped by the launcher as a consequence: rank 0 (SIGTERM), rank 3 (exit code 1)"
     )
     assert out[3].startswith('--- stall report of rank 1 (last "Missing ranks:" line of ')
     assert out[4] == lines[0]
-    assert out[5].startswith("--- last 20 lines of ") and out[6:] == lines[-20:]
+    assert out[5].endswith("workerlog.0 (a rank the others waited for) ---")
+    assert out[6] == 'File "train.py", line 9 in <module>'
+    assert out[7].startswith("--- last 20 lines of ") and out[8:] == lines[-20:]
+
+
+def test_summary_without_a_stall_report_leads_with_the_first_failure(tmp_path: Path):
+    report = GroupFailure(causes=(RankExit(1, 1),), stopped=(RankExit(0, SIGTERM, stopped=True),))
+    out = failure_summary(report, str(tmp_path), "node7").splitlines()
+    assert out[0] == "longboat launch: rank 1 exited with code 1 on host node7"
+
+
+def test_missing_ranks_are_read_from_a_stall_report():
+    from longboat.launch.summary import missing_ranks
+
+    line = "WARNING: rank 0 has waited 9.8 s (launch 4). Missing ranks: 1: [bias, w]; 3: [x]. Fix"
+    assert missing_ranks(line) == [1, 3]
+    assert missing_ranks("Missing ranks: none (all arrived; slow network?)") == []
+    assert missing_ranks(None) == []
 
 
 def test_restart_line():

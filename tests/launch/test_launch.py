@@ -213,6 +213,26 @@ def test_sigkilled_rank_is_named_before_the_rank_the_launcher_stopped(tmp_path):
     assert stopped == ["stopped by the launcher as a consequence: rank 0 (SIGTERM)"] * len(stopped)
 
 
+@pytest.mark.slow  # a real stall: the job's timeout has to pass
+def test_a_hung_rank_is_named_first_with_where_it_hangs(tmp_path):
+    """Rank 1 sleeps inside training; rank 0 times out waiting for it and exits. The summary
+    leads with rank 1, not with rank 0 that waited, and shows rank 1's stack."""
+    done = run_launcher(
+        tmp_path,
+        *("--nproc-per-node", "2", "--failure-timeout", "4"),
+        *(str(FAILURE_PROBE), str(tmp_path), "hang"),
+        pid_dir=tmp_path,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.left_running == []
+    summary = summary_of(done)
+    assert summary[0].startswith("longboat launch: rank 1 stopped responding"), summary[0]
+    assert "rank 0 exited with code 1" in summary[0]
+    hung = summary.index("--- last 20 lines of log/workerlog.1 (a rank the others waited for) ---")
+    stack = summary[hung + 1 : summary.index("--- last 20 lines of log/workerlog.0 ---")]
+    assert any("failure_probe.py" in line and "in <module>" in line for line in stack), stack
+
+
 def test_stall_report_is_shown_even_far_from_the_end_of_the_log(tmp_path):
     done = run_launcher(
         tmp_path,
@@ -226,7 +246,8 @@ def test_stall_report_is_shown_even_far_from_the_end_of_the_log(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.left_running == []
     summary = summary_of(done)
-    assert summary[0].startswith("longboat launch: rank 1 exited with code 70 on host")
+    assert summary[0].startswith("longboat launch: rank 0 stopped responding")  # as reported
+    assert "rank 1 exited with code 70 on host" in summary[0]
     label = summary.index(
         '--- stall report of rank 1 (last "Missing ranks:" line of log/workerlog.1) ---'
     )

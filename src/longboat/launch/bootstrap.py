@@ -11,6 +11,7 @@ store, exports the Paddle/Horovod/longboat variables, applies the parameter-serv
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import runpy
 import signal
@@ -143,6 +144,10 @@ def _record_failure(exc: BaseException, final: str | None) -> None:
         os.replace(os.environ[_ERROR_FILE], final)
 
 
+#: the signal that makes a rank write its threads' stacks to its log and go on
+STACKS_SIGNAL = signal.SIGUSR2
+
+
 def main(argv: list[str]) -> None:
     """Finish the rank's environment and run the target; failures land in the error file."""
     final = _write_error_files_aside()
@@ -160,6 +165,10 @@ def main(argv: list[str]) -> None:
 def _main(argv: list[str]) -> None:
     if os.environ.get("LONGBOAT_LOG_FILE"):
         os.dup2(1, 2)  # one log per rank, in order: stderr joins stdout's file
+    # the launcher asks for every thread's stack (into this rank's log) before it stops a
+    # rank that is still running when another failed: where a stuck rank was stuck
+    signal.signal(STACKS_SIGNAL, signal.SIG_IGN)  # what stays once Python has shut down
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     module = argv[:1] == ["-m"]
     target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
     timeout = float(os.environ.get("LONGBOAT_LAUNCH_TIMEOUT", "300"))

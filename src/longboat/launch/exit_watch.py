@@ -17,9 +17,13 @@ import threading
 import time
 from collections.abc import Mapping
 
+from longboat.launch.bootstrap import STACKS_SIGNAL
 from longboat.launch.exits import WorkerEnd
 
 _RUNNING = object()
+#: how long the survivors get to write their stacks before the launcher stops them (the
+#: handler runs at delivery; and a SIGTERM pending beside it is delivered after it, by number)
+STACKS_WAIT_S = 0.05
 
 
 def exit_status(pid: int) -> object:
@@ -32,6 +36,19 @@ def exit_status(pid: int) -> object:
     if info is None or info.si_pid == 0:
         return _RUNNING
     return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``signum`` (Linux: ``SigCgt`` of
+    /proc/PID/status); False where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 class ExitWatch:
@@ -58,7 +75,8 @@ class ExitWatch:
             self._note(rank)
 
     def stopping(self) -> None:
-        """The launcher is about to stop the workers: remember which ones still run (once)."""
+        """The launcher is about to stop the workers: remember which ones still run (once).
+        When one has failed, each survivor first writes its threads' stacks to its log."""
         with self._lock:
             if self._stopped is not None:
                 return
@@ -66,6 +84,19 @@ class ExitWatch:
         for rank in self._pids:
             if not self._note(rank):
                 self._stopped.add(rank)
+        if self._stopped and self.any_failed():
+            self._ask_for_stacks(sorted(self._stopped))
+
+    def _ask_for_stacks(self, ranks: list[int]) -> None:
+        asked = False
+        for rank in ranks:
+            pid = self._pids[rank]
+            if catches(pid, STACKS_SIGNAL):  # else the signal's default would kill it
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, STACKS_SIGNAL)
+                    asked = True
+        if asked:
+            time.sleep(STACKS_WAIT_S)  # faulthandler writes from its signal handler: at once
 
     def any_failed(self) -> bool:
         """Whether a worker has exited with a non-zero status by now."""

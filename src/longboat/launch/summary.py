@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 from longboat.launch.elastic_agent import MembershipChange
@@ -34,23 +35,50 @@ def failure_summary(
         return names[rank] if names and rank in names else _log_name(rank, servers)
 
     first = report.first
-    lines = [f"longboat launch: rank {first.rank} {first.how()} on host {host}"]
+    reports = []  # (rank, its log, its last stall report) of every failed rank that logged one
+    for cause in report.causes:
+        path = os.path.join(log_dir, log_name(cause.rank, servers))
+        found = last_line_with(path, STALL_MARK, STALL_SCAN_BYTES)
+        if found or cause.exitcode == STALL_EXIT_CODE:
+            reports.append((cause.rank, path, found))
+    failed = {c.rank for c in report.causes}
+    stalled = sorted({r for _, _, found in reports for r in missing_ranks(found)} - failed)
+    ended = f"rank {first.rank} {first.how()} on host {host}"
+    if stalled:  # the ranks others waited for come first: they are where to look
+        who = f"rank {stalled[0]}" if len(stalled) == 1 else f"ranks {', '.join(map(str, stalled))}"
+        lines = [
+            f"longboat launch: {who} stopped responding (the stall report below names "
+            f"{'it' if len(stalled) == 1 else 'them'} missing; look at "
+            f"{'its' if len(stalled) == 1 else 'their'} logs); waiting for "
+            f"{'it' if len(stalled) == 1 else 'them'}, {ended}"
+        ]
+    else:
+        lines = [f"longboat launch: {ended}"]
     later = [f"rank {c.rank} {c.how()}" for c in report.causes[1:]]
     if later:
         lines.append("then: " + "; ".join(later))
     if report.stopped:
         lines.append("stopped by the launcher as a consequence: " + stopped_ranks(report.stopped))
-    for cause in report.causes:
-        path = os.path.join(log_dir, log_name(cause.rank, servers))
-        found = last_line_with(path, STALL_MARK, STALL_SCAN_BYTES)
-        if found or cause.exitcode == STALL_EXIT_CODE:
-            label = f'last "{STALL_MARK}" line of {path}'
-            lines.append(f"--- stall report of rank {cause.rank} ({label}) ---")
-            lines.append(found or "(none found in the log)")
+    for rank, path, found in reports:
+        label = f'last "{STALL_MARK}" line of {path}'
+        lines.append(f"--- stall report of rank {rank} ({label}) ---")
+        lines.append(found or "(none found in the log)")
+    for rank in stalled:
+        path = os.path.join(log_dir, log_name(rank, servers))
+        lines.append(f"--- last {TAIL_LINES} lines of {path} (a rank the others waited for) ---")
+        lines.append(tail(path))
     path = os.path.join(log_dir, log_name(first.rank, servers))
     lines.append(f"--- last {TAIL_LINES} lines of {path} ---")
     lines.append(tail(path))
     return "\n".join(lines)
+
+
+def missing_ranks(stall_report: str | None) -> list[int]:
+    """The ranks a stall report's ``Missing ranks: r: [...]; s: [...]`` names."""
+    if not stall_report or STALL_MARK not in stall_report:
+        return []
+    listed = stall_report.split(STALL_MARK, 1)[1]
+    return [int(r) for r in re.findall(r"(?:^|;)\s*(\d+): \[", listed)]
 
 
 def restart_line(restart: Restart) -> str:

@@ -77,6 +77,10 @@ _HINT = (
     "; do all ranks call allreduce with the same sizes in the same order? "
     "(raise LONGBOAT_TIMEOUT if a rank is just slow)"
 )
+_BEHIND_HINT = (
+    ": {who} not reached this allreduce: stuck, slow, or calling fewer allreduces than this "
+    "rank; its log shows where it is (raise LONGBOAT_TIMEOUT if it is just slow)"
+)
 _NAME_BYTES = 24  # broadcast: name (NUL-padded) + 8 bytes of token
 
 
@@ -337,9 +341,14 @@ class ShmComm:
 
     def _stuck_message(self, waiting: list[int], slot: int, k: int, phase: str) -> str:
         where = ", ".join(f"rank {r} at #{self._segs[r].slots[slot]}" for r in waiting)
+        hint = _HINT
+        if slot == SLOT_WRITTEN:  # a rank's first act in an allreduce: these never began #k
+            ranks = ", ".join(map(str, waiting))
+            who = f"rank {ranks} has" if len(waiting) == 1 else f"ranks {ranks} have"
+            hint = _BEHIND_HINT.format(who=who)
         return (
             f"shm allreduce {self.prefix}: group rank {self.rank} waited {self.timeout:.0f}s "
-            f"for '{phase}' #{k} ({where}){_HINT}"
+            f"for '{phase}' #{k} ({where}){hint}"
         )
 
     def _grow(self, capacity: int) -> None:
