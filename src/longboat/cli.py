@@ -24,12 +24,26 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported (the others stay unloaded)."""
     parser = argparse.ArgumentParser(prog="longboat", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
             importlib.import_module(module).add_arguments(p)
     return parser
+
+
+def version_line() -> str:
+    """``longboat X (torch Y, Python Z)``, without importing torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from longboat import __version__
+
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:
+        torch = "not installed"
+    return f"longboat {__version__} (torch {torch}, Python {sys.version.split()[0]})"
 
 
 def main(argv: list[str] | None = None) -> int:
