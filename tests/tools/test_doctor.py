@@ -55,6 +55,26 @@ def test_interface_checks_from_a_listing() -> None:
     assert [c.status for c in good] == [doctor.PASS, doctor.PASS]
 
 
+def test_fixes_print_whole_lines_and_a_pass_gives_only_a_tip(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from longboat.tools.doctor.cli import render
+
+    long_fix = "export GLOO_SOCKET_IFNAME=enp94s0f0np0 NCCL_SOCKET_IFNAME=enp94s0f0np0 && go"
+    checks = [
+        doctor.Check("interfaces", doctor.PASS, "eth0 recommended", long_fix),
+        doctor.Check("hostname", doctor.WARN, "resolves to 127.0.0.1", "map it in /etc/hosts"),
+        doctor.Check("torch", doctor.PASS, "ok"),
+    ]
+    monkeypatch.setenv("COLUMNS", "60")
+    render(checks)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2:] == ["fix hostname: map it in /etc/hosts", f"tip interfaces: {long_fix}"]
+    single = doctor.check_omp({}, 1)
+    assert "oversubscription)" in single.detail and "no oversubscription" in single.detail
+    assert single.fix == ""
+
+
 def test_nccl_omp_and_pair_checks() -> None:
     nccl = doctor.check_nccl_env({"NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "INFO"})
     assert [(c.name, c.status) for c in nccl] == [

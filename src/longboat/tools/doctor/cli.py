@@ -75,14 +75,24 @@ def render(checks: Sequence[Check]) -> None:
 
     colour = {PASS: "green", WARN: "yellow", FAIL: "red", INFO: "cyan"}
     table = Table(title="longboat doctor", show_lines=False)
-    for column in ("check", "status", "found", "fix"):
+    for column in ("check", "status", "found"):
         table.add_column(column, overflow="fold")
     for c in checks:
-        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail, c.fix)
+        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail)
     console = Console()
     console.print(table)
     counts = {s: sum(c.status == s for c in checks) for s in (PASS, WARN, FAIL, INFO)}
     console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    for line in fix_lines(checks):  # whole lines, never wrapped: commands copy as they are
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def fix_lines(checks: Sequence[Check]) -> list[str]:
+    """``fix CHECK: ...`` for each WARN or FAIL with a fix, then ``tip CHECK: ...`` for the
+    advice of checks that passed."""
+    fixes = [f"fix {c.name}: {c.fix}" for c in checks if c.fix and c.status in (FAIL, WARN)]
+    tips = [f"tip {c.name}: {c.fix}" for c in checks if c.fix and c.status in (PASS, INFO)]
+    return fixes + tips
 
 
 def to_json(checks: Sequence[Check]) -> str:

@@ -226,7 +226,9 @@ def check_omp(env: Mapping[str, str], nproc: int) -> Check:
         return Check(
             "OMP_NUM_THREADS",
             WARN if nproc > 1 else INFO,
-            f"unset: each of {nproc} rank(s) may use all {cores} cores (oversubscription)",
+            f"unset: each of {nproc} ranks may use all {cores} cores (oversubscription)"
+            if nproc > 1
+            else f"unset: the one rank may use all {cores} cores (no oversubscription)",
             fix if nproc > 1 else "",
         )
     try:
