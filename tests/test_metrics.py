@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 import pytest
@@ -43,6 +45,8 @@ def test_logs_a_line_per_fetch_when_not_on_a_terminal(caplog: pytest.LogCaptureF
             logger.step(torch.tensor(1.0))
     lines = [r.getMessage() for r in caplog.records if r.name == "longboat.metrics"]
     assert len(lines) == 2 and lines[0].startswith("step 2: ") and "loss 1" in lines[0]
+    # the documented line: loss, samples_per_s, steps_per_s, in that order and those formats
+    assert re.fullmatch(r"step 2: loss \d+\.\d{4}  steps_per_s \d+\.\d{2}", lines[0]), lines[0]
 
 
 def test_other_ranks_stay_quiet_and_bad_n_is_refused(caplog: pytest.LogCaptureFixture) -> None:
@@ -70,5 +74,7 @@ def test_a_sized_total_gives_steps_of_total_and_an_eta(caplog: pytest.LogCapture
                 first = dict(logger.last)
     lines = [r.getMessage() for r in caplog.records if r.name == "longboat.metrics"]
     assert lines[0].startswith("step 2/6: ") and " eta " in lines[0], lines[0]
+    shown = r"step 2/6: loss \d+\.\d{4}  steps_per_s \d+\.\d{2}  eta \d+:\d\d"
+    assert re.fullmatch(shown, lines[0]), lines[0]
     assert first["eta_s"] == pytest.approx(4 / first["steps_per_s"])
     assert logger.last["eta_s"] == 0
