@@ -8,6 +8,7 @@ launcher then replays the same global batches in a single process and compares.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -172,10 +173,25 @@ def report(
             "samples/s single-process",
             f"{reference['samples_per_s']:,.0f} ({reference['seconds']:.2f} s loop, 1 thread)",
         )
+        single_step_ms = 1e3 * reference["seconds"] / max(len(first["losses"]), 1)
+        table.add_row("why the speeds", speed_note(cfg.nproc, single_step_ms))
     table.add_row("wall time", f"{wall_s:.1f} s (start-up, training, check)")
     table.add_row("ranks identical", _ranks_verdict(check) if cfg.nproc > 1 else "n/a (1 rank)")
     table.add_row("match single-process", _reference_verdict(check))
     return table
+
+
+def speed_note(nproc: int, single_step_ms: float, cores: int | None = None) -> str:
+    """Why distributed samples/s here says little about a cluster: the ranks share this
+    machine's cores, and a step of a model this small is mostly fixed per-step costs."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    where = f"{nproc} ranks share {cores} core{'s' if cores != 1 else ''}"
+    return (
+        f"{where}, and one step of this small model takes {single_step_ms:.1f} ms in one "
+        "process, so the allreduce and Python around it are a large share of a step. This run "
+        "checks correctness; measure speed with `longboat bench train` on your nodes"
+    )
 
 
 def _ranks_verdict(check: Check) -> str:
