@@ -105,14 +105,14 @@ def register() -> None:
 
 def synced_round(handler: Any) -> int | None:
     """The rendezvous round the handler last synced (None if it does not say)."""
-    value = getattr(_synced_state(handler), "round", None)
+    value = getattr(synced_state(handler), "round", None)
     return value if isinstance(value, int) else None
 
 
 def lost_participants(handler: Any, round_nodes: int) -> int:
     """How many of the current round's ``round_nodes`` nodes the handler's last synced state
     no longer lists (their heartbeats expired, or they left for a new round); 0 if unknown."""
-    state = _synced_state(handler)
+    state = synced_state(handler)
     participants = getattr(state, "participants", None)
     if not isinstance(participants, dict) or not getattr(state, "complete", False):
         return 0
@@ -122,8 +122,9 @@ def lost_participants(handler: Any, round_nodes: int) -> int:
 def rendezvous_closed(handler: Any) -> bool:
     """Whether the handler's last synced state says the rendezvous was closed (a node finished
     the job and shut it down)."""
-    return bool(getattr(_synced_state(handler), "closed", False))
+    return bool(getattr(synced_state(handler), "closed", False))
 
 
-def _synced_state(handler: Any) -> object:
+def synced_state(handler: Any) -> object:
+    """The rendezvous state the handler last synced (torch's private holder; None if absent)."""
     return getattr(getattr(handler, "_state_holder", None), "state", None)

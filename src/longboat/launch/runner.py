@@ -12,16 +12,19 @@ import time
 import uuid
 
 from rich.console import Console
+from torch.distributed import DistError
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousTimeoutError,
 )
 from torch.distributed.launcher.api import LaunchConfig
 
 from longboat.cluster.env import VARIABLES, variable
 from longboat.launch import options, rendezvous, torch_compat
 from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
+from longboat.launch.arrivals import REPORT_EVERY_S, RendezvousWait, gave_up_line
 from longboat.launch.banner import print_banner, print_job_servers_later
 from longboat.launch.elastic_agent import ElasticAgent, MembershipChange, elastic_directory
 from longboat.launch.log_lock import LogDirBusyError, claim_log_dir
@@ -109,6 +112,7 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
                 print_banner(spec, master, my_ip, _rows(spec, my_ip, ports), console)
                 if spec.multinode_ps:
                     print_job_servers_later(master, spec.timeout, console)
+            waiting = _waiting(spec, master, console)
             try:
                 run_agent(
                     _config(spec, master, run_id, logs),
@@ -116,6 +120,7 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
                     _bootstrap_args(spec),
                     on_restart,
                     shutdown_grace_s=_SHUTDOWN_GRACE_S,
+                    waiting=waiting,
                     **_elastic_agent(spec, master, my_ip, console),
                 )
                 console.print(finished_line(spec, time.monotonic() - started), markup=False)
@@ -127,6 +132,11 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
                     markup=False,
                 )
                 return 0
+            except (RendezvousTimeoutError, DistError) as exc:
+                if waiting.started:  # the ranks ran: not the rendezvous
+                    raise
+                console.print(gave_up_line(waiting, exc, my_ip), markup=False)
+                return 1
             except RendezvousConnectionError as exc:
                 if explicit or attempt == _PORT_ATTEMPTS:
                     console.print(
@@ -143,6 +153,15 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
                 console.print(stopped_line(spec, exc.sigval), markup=False)
                 return 128 + int(exc.sigval)
     return 1
+
+
+def _waiting(spec: LaunchSpec, master: str, console: Console) -> RendezvousWait:
+    """Who has arrived, while this node waits for the others (several nodes only)."""
+    nodes = f"{spec.min_nodes}:{spec.nnodes}" if spec.elastic else str(spec.nnodes)
+    every = REPORT_EVERY_S if spec.nnodes > 1 else None  # one node waits for nobody
+    return RendezvousWait(
+        lambda line: console.print(line, markup=False), master, nodes, spec.timeout, every
+    )
 
 
 def finished_line(spec: LaunchSpec, seconds: float) -> str:

@@ -27,6 +27,7 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
 from longboat.launch import torch_compat
+from longboat.launch.arrivals import RendezvousWait
 from longboat.launch.exit_watch import ExitWatch
 from longboat.launch.exits import GroupFailure, RankExit, classify
 
@@ -71,10 +72,12 @@ class WatchedAgent(LocalElasticAgent):
         *args: Any,
         on_restart: Callable[[Restart], None] | None = None,
         shutdown_grace_s: float | None = None,
+        on_started: Callable[[], None] | None = None,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self._on_restart = on_restart
+        self._on_started = on_started
         self._grace_s = shutdown_grace_s
         self._watch: ExitWatch | None = None
         self._torch_failures: dict[int, ProcessFailure] = {}
@@ -84,6 +87,8 @@ class WatchedAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._close_watch()
         ids = super()._start_workers(worker_group)
+        if self._on_started is not None:
+            self._on_started()
         self._watch_workers(worker_group, ids)
         if self._pcontext is not None:
             _before_close(self._pcontext, self._note_stopping, self._grace_s)
@@ -177,6 +182,7 @@ def run_agent(
     on_restart: Callable[[Restart], None] | None = None,
     agent_class: type[WatchedAgent] | None = None,
     shutdown_grace_s: int | None = None,
+    waiting: RendezvousWait | None = None,
     **agent_kwargs: Any,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` under a `WatchedAgent` for ``config``; ``{rank: return value}``.
@@ -186,7 +192,8 @@ def run_agent(
     failed and no restart was left. ``agent_class`` (a `WatchedAgent` subclass, built with
     ``agent_kwargs``) replaces it; an elastic agent that fails leaves the rendezvous open for
     the nodes that go on. ``shutdown_grace_s``: seconds between the death signal and SIGKILL
-    when the agent stops the ranks (None: torch's default).
+    when the agent stops the ranks (None: torch's default). ``waiting`` reports who has
+    arrived while this node waits at the rendezvous, until the ranks start.
     """
     params = RendezvousParameters(
         backend=config.rdzv_backend,
@@ -218,9 +225,12 @@ def run_agent(
         start_method=config.start_method,
         log_line_prefix_template=config.log_line_prefix_template,
         on_restart=on_restart,
+        on_started=waiting.ranks_started if waiting is not None else None,
         **shutdown_grace(shutdown_grace_s),
         **agent_kwargs,
     )
+    if waiting is not None:
+        waiting.start(spec.rdzv_handler)
     close_rendezvous = agent_class is None  # elastic: only a finished job closes it
     try:
         result = agent.run()
@@ -232,6 +242,8 @@ def run_agent(
         close_rendezvous = False  # as torch: a signalled agent leaves the rendezvous open
         raise
     finally:
+        if waiting is not None:
+            waiting.stop()
         agent._close_watch()
         if close_rendezvous:
             spec.rdzv_handler.shutdown()
