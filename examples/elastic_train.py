@@ -11,9 +11,9 @@ number of ranks (a reset callback rescales it after every membership change).
     longboat launch --nproc-per-node 2 examples/elastic_train.py           # a fixed group
     longboat launch --nnodes 2:4 --master HOST:PORT examples/elastic_train.py   # elastic, on each node
 
-On one machine, three emulated nodes of which one is killed at step 20 (needs root):
+On one machine, three emulated nodes of which one is killed at step 20 (run it as root):
 
-    sudo longboat emulate --nodes 3 --min-nodes 2 --kill-node 2@step=20 \\
+    longboat emulate --nodes 3 --min-nodes 2 --kill-node 2@step=20 \\
         -- examples/elastic_train.py --step-delay 0.05
 """
 

@@ -3,7 +3,9 @@
 A fenced block preceded by ``<!-- docs-run: COMMAND -->`` is written to the file its first line
 names (``# train.py``) in a fresh directory, and ``COMMAND`` runs there: it must exit 0. A
 block preceded by a bare ``<!-- docs-run -->`` is a shell block, run as is in the directory of
-the files written before it in the same document. So an example cannot drift from the code.
+the files written before it in the same document, where ``examples/`` and ``tests/`` are the
+repository's (blocks that emulate nodes need root, as the slow tier has). So an example cannot
+drift from the code.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def examples() -> list[tuple[str, list[tuple[str | None, str, str]]]]:
 
 def test_the_marker_finds_the_documented_examples() -> None:
     docs = dict(examples())
-    assert {"README.md", "docs/ps.md"} <= set(docs)
+    assert {"README.md", "docs/ps.md", "docs/emulate.md", "docs/elastic.md"} <= set(docs)
     for doc, blocks in docs.items():
         for cmd, lang, body in blocks:
             if cmd is not None:
@@ -47,6 +49,8 @@ def test_the_marker_finds_the_documented_examples() -> None:
 @pytest.mark.parametrize(("doc", "blocks"), examples(), ids=[d for d, _ in examples()])
 def test_example_runs_as_written(doc: str, blocks: list, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for name in ("examples", "tests"):  # blocks name the repository's files as from its root
+        (tmp_path / name).symlink_to(ROOT / name)
     for cmd, _, body in blocks:
         if cmd is not None:
             (tmp_path / NAMED.match(body)["name"]).write_text(body)
@@ -64,3 +68,5 @@ def test_example_runs_as_written(doc: str, blocks: list, tmp_path: Path) -> None
         assert run.returncode == 0, (
             f"{doc}: {cmd or body}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
         )
+        # an example whose injected faults never fire does not do what its text says
+        assert "did not fire" not in run.stdout + run.stderr, f"{doc}: {cmd or body}"

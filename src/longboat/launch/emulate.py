@@ -219,7 +219,8 @@ def check_environment(need_tc: bool = True) -> None:
     """Root rights and the `ip`/`tc` tools, checked before anything is created."""
     if os.geteuid() != 0:
         raise EmulateError(
-            "longboat emulate needs root to create network namespaces (run with sudo)"
+            "longboat emulate needs root to create network namespaces (run it as root, e.g. "
+            "with sudo)"
         )
     tools = ["ip", "tc"] if need_tc else ["ip"]
     for tool in tools:
