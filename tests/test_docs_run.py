@@ -36,6 +36,23 @@ def examples() -> list[tuple[str, list[tuple[str | None, str, str]]]]:
     return found
 
 
+BLOCK = re.compile(r"(?P<marker><!-- docs-(?:run|skip)[^>]*-->\n)?```(?:python|bash)\n", re.S)
+
+
+def test_every_python_or_shell_block_runs_or_says_why_not() -> None:
+    """A new example is either run (``docs-run``) or marked ``<!-- docs-skip: why -->``."""
+    unmarked = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in BLOCK.finditer(text):
+            if not m["marker"]:
+                line = text[: m.start()].count("\n") + 1
+                unmarked.append(f"{doc.relative_to(ROOT)}:{line}")
+            elif m["marker"].startswith("<!-- docs-skip") and ":" not in m["marker"]:
+                unmarked.append(f"{doc.relative_to(ROOT)}: docs-skip without a reason")
+    assert not unmarked, "mark these blocks docs-run or docs-skip: REASON: " + ", ".join(unmarked)
+
+
 def test_the_marker_finds_the_documented_examples() -> None:
     docs = dict(examples())
     assert {"README.md", "docs/ps.md", "docs/emulate.md", "docs/elastic.md"} <= set(docs)
