@@ -55,7 +55,7 @@ def test_every_python_or_shell_block_runs_or_says_why_not() -> None:
 
 def test_the_marker_finds_the_documented_examples() -> None:
     docs = dict(examples())
-    assert {"README.md", "docs/ps.md", "docs/emulate.md", "docs/elastic.md"} <= set(docs)
+    assert {"README.md", "docs/ps.md", "docs/emulate.md", "docs/integrations.md"} <= set(docs)
     for doc, blocks in docs.items():
         for cmd, lang, body in blocks:
             if cmd is not None:

@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "barrier": "longboat.cluster",
     "shutdown": "longboat.cluster",
     "distribute": "longboat.dispatch",
+    "ddp_comm_hook": "longboat.collective.ddp_hook",
     "DistributedSampler": "longboat.data.sampler",
     "SyncBatchNorm": "longboat.collective.sync_bn",
     "convert_sync_batchnorm": "longboat.collective.sync_bn",
