@@ -208,7 +208,13 @@ def test_only_rank_0_writes_unless_all_ranks(
     assert load_checkpoint(path) == {"step": 2}
 
 
-@pytest.mark.parametrize("kind", ["garbage", "truncated", "empty"])
+def _damaged(data: bytes) -> bytes:
+    """The archive with bytes of its pickle overwritten: the zip index still reads."""
+    at = data.index(b"data.pkl") + 8 + 64
+    return data[:at] + b"\xff" * 16 + data[at + 16 :]
+
+
+@pytest.mark.parametrize("kind", ["garbage", "truncated", "empty", "damaged"])
 def test_corrupt_file_raises_naming_the_path(
     tmp_path: Path, single_process: None, kind: str
 ) -> None:
@@ -216,15 +222,36 @@ def test_corrupt_file_raises_naming_the_path(
     save_checkpoint(path, {"w": torch.ones(1000), "step": 1})
     data = path.read_bytes()
     path.write_bytes(
-        {"garbage": b"not a checkpoint\n" * 20, "truncated": data[: len(data) // 2], "empty": b""}[
-            kind
-        ]
+        {
+            "garbage": b"not a checkpoint\n" * 20,
+            "truncated": data[: len(data) // 2],
+            "empty": b"",
+            "damaged": _damaged(data),
+        }[kind]
     )
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(path)
     message = str(info.value)
-    assert str(path) in message and "corrupt or truncated" in message
-    assert "written by something else" in message
+    assert str(path) in message and "written by something else" in message
+    assert "restore" in message and "\n" not in message  # what to do, on one line
+    assert info.value.__cause__ is not None  # torch's own error, chained
+
+
+def test_a_directory_or_an_unreadable_file_is_a_checkpoint_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "last.pt"
+    folder.mkdir()
+    with pytest.raises(CheckpointError, match="is a directory, not a checkpoint file") as info:
+        load_checkpoint(folder)
+    assert isinstance(info.value.__cause__, IsADirectoryError)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(torch, "load", refused)
+    with pytest.raises(CheckpointError, match="cannot be read .Permission denied.; check its"):
+        load_checkpoint(tmp_path / "other.pt")
 
 
 def test_file_that_is_not_a_dict_is_rejected(tmp_path: Path) -> None:

@@ -175,6 +175,31 @@ def _verify(tmp: Path, target: Path) -> None:
     del loaded
 
 
+def _unreadable(target: Path, exc: Exception) -> CheckpointError:
+    """The error for a file torch.load could not read: refused objects, not an archive, or a
+    damaged one; each says what the file is and what to do."""
+    if not zipfile.is_zipfile(target):  # garbage bytes, or an archive cut before its index
+        return CheckpointError(
+            f"load_checkpoint: {target} is not a complete torch checkpoint ({target.stat().st_size}"
+            " bytes, no zip archive index): truncated, or written by something else. An "
+            "interrupted save_checkpoint leaves the previous file in place; restore this one or "
+            "delete it to start from scratch"
+        )
+    detail = _weights_only_detail(exc)
+    if detail is not None:
+        return CheckpointError(
+            f"load_checkpoint: {target} holds objects that weights_only=True refuses to "
+            f"unpickle ({detail}). Checkpoints are untrusted input; if you trust this file "
+            "and its class, allowlist it with torch.serialization.add_safe_globals([...])"
+        )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return CheckpointError(
+        f"load_checkpoint: {target} is a damaged torch checkpoint ({type(exc).__name__}: "
+        f"{first}). An interrupted save_checkpoint leaves the previous file in place, so this "
+        "one was written by something else; restore it or delete it to start from scratch"
+    )
+
+
 def load_checkpoint(
     path: str | os.PathLike[str], *, map_location: Any = "cpu"
 ) -> dict[str, Any] | None:
@@ -192,22 +217,18 @@ def load_checkpoint(
         state = torch.load(target, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         return None
-    except Exception as exc:
-        if isinstance(exc, OSError):  # permissions, a directory, I/O errors: as they are
-            raise
-        # a refusal is only meaningful for an intact archive: garbage bytes also trip it
-        detail = _weights_only_detail(exc) if zipfile.is_zipfile(target) else None
-        if detail is not None:
-            raise CheckpointError(
-                f"load_checkpoint: {target} holds objects that weights_only=True refuses to "
-                f"unpickle ({detail}). Checkpoints are untrusted input; if you trust this file "
-                "and its class, allowlist it with torch.serialization.add_safe_globals([...])"
-            ) from None
+    except IsADirectoryError as exc:
         raise CheckpointError(
-            f"load_checkpoint: {target} is corrupt or truncated ({type(exc).__name__}: {exc}). "
-            "An interrupted save_checkpoint leaves the previous file in place, so this one was "
-            "written by something else; restore it or delete it to start from scratch"
+            f"load_checkpoint: {target} is a directory, not a checkpoint file; give the path of "
+            "the file save_checkpoint wrote"
         ) from exc
+    except OSError as exc:  # permissions, I/O errors
+        raise CheckpointError(
+            f"load_checkpoint: {target} cannot be read ({exc.strerror or exc}); check its "
+            "permissions and the filesystem it lives on"
+        ) from exc
+    except Exception as exc:
+        raise _unreadable(target, exc) from exc
     if not isinstance(state, dict):
         raise CheckpointError(
             f"load_checkpoint: {target} holds a {type(state).__name__}, not the dict that "
