@@ -370,6 +370,9 @@ def test_row_sparse_pull_returns_sorted_unique_rows_for_each_output():
     assert torch.equal(skipped.to_dense(), value)
     with pytest.raises(ValueError, match="row id 6"):
         kv.row_sparse_pull("emb", out=skipped, row_ids=torch.tensor([6]))
+    floats = kvstore.RowSparse.zeros((6, 2))  # MXNet's arrays are float32: it casts row ids
+    kv.row_sparse_pull("emb", out=floats, row_ids=torch.tensor([4.0, 1.0, 4.0]))
+    assert floats.indices.tolist() == [1, 4] and torch.equal(floats.data, value[[1, 4]])
 
 
 def test_refused_row_sparse_pulls_raise_invalid_argument_error_saying_what_was_wrong():
@@ -381,8 +384,11 @@ def test_refused_row_sparse_pulls_raise_invalid_argument_error_saying_what_was_w
         "out must be a RowSparse (MXNet's row_sparse storage), got Tensor": lambda: (
             kv.row_sparse_pull("emb", out=torch.zeros(6, 2), row_ids=ids)
         ),
-        "row_ids must be integers, got dtype float32": lambda: kv.row_sparse_pull(
-            "emb", out=rows, row_ids=torch.tensor([1.0, 4.5])
+        "row_ids must be whole row numbers; float32 value 4.5 is not one": lambda: (
+            kv.row_sparse_pull("emb", out=rows, row_ids=torch.tensor([1.0, 4.5]))
+        ),
+        "row_ids must be row numbers, got dtype bool": lambda: kv.row_sparse_pull(
+            "emb", out=rows, row_ids=torch.tensor([True, False])
         ),
         "needs a list of outputs, one per key; got one RowSparse": lambda: kv.row_sparse_pull(
             ["emb", "w"], out=rows, row_ids=[ids, ids]

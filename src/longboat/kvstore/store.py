@@ -493,21 +493,30 @@ def _kind_name(value: Any) -> str:
 
 
 def _row_ids(key: Key, rows: Any) -> torch.Tensor:
-    """``rows`` as a flat int64 CPU tensor; ids that are not integers are refused (MXNet wants
-    int64 row ids) instead of being truncated."""
+    """``rows`` as a flat int64 CPU tensor. Row numbers may come in any real dtype, as MXNet's
+    float32 arrays do (MXNet casts them); a value that is not a whole number is refused, named,
+    instead of being truncated."""
     try:
-        ids = torch.as_tensor(rows)
+        ids = torch.as_tensor(rows).reshape(-1).cpu()
     except (TypeError, ValueError, RuntimeError) as exc:
         raise InvalidArgumentError(
             f"row_sparse_pull {key!r}: row_ids must be a 1-D tensor or list of row numbers; "
             f"got {_kind_name(rows)} ({exc})"
         ) from None
-    if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+    dtype = str(ids.dtype).removeprefix("torch.")
+    if ids.numel() and (ids.is_complex() or ids.dtype == torch.bool):
         raise InvalidArgumentError(
-            f"row_sparse_pull {key!r}: row_ids must be integers, got dtype "
-            f"{str(ids.dtype).removeprefix('torch.')}"
+            f"row_sparse_pull {key!r}: row_ids must be row numbers, got dtype {dtype}"
         )
-    return ids.to(torch.int64).reshape(-1).cpu()
+    if ids.is_floating_point():
+        whole = ids == ids.round()
+        if not bool(whole.all()):
+            bad = float(ids[~whole][0])
+            raise InvalidArgumentError(
+                f"row_sparse_pull {key!r}: row_ids must be whole row numbers; {dtype} value "
+                f"{bad!r} is not one"
+            )
+    return ids.to(torch.int64)
 
 
 __all__ = ["Key", "KVStore", "Updater", "Value"]
