@@ -345,10 +345,28 @@ def test_device_store_compresses_each_device_and_local_types_refuse():
     for name in ("local", "local_update_cpu", "local_allreduce_cpu", "nccl"):
         with pytest.raises(kvstore.MXNetError, match="not supported for this type of kvstore"):
             kvstore.create(name).set_gradient_compression({"type": "2bit", "threshold": T})
-    with pytest.raises(ValueError, match="only MXNet's '2bit'"):
-        kv.set_gradient_compression({"type": "1bit"})
-    with pytest.raises(ValueError, match="threshold > 0"):
+    with pytest.raises(ValueError, match="MXNet's '2bit' and '1bit' are"):
+        kv.set_gradient_compression({"type": "3bit"})
+    with pytest.raises(ValueError, match="2bit compression needs a threshold > 0"):
         kv.set_gradient_compression({"type": "2bit", "threshold": 0})
+    with pytest.raises(ValueError, match="1bit compression needs a threshold >= 0"):
+        kv.set_gradient_compression({"type": "1bit", "threshold": -1})
+
+
+def test_one_bit_sends_signs_with_error_feedback():
+    """MXNet's 1bit: q = +1 where r + g > threshold, else -1; the rest is carried over."""
+    kv = kvstore.create("device")
+    kv.set_gradient_compression({"type": "1bit", "threshold": 0.25})
+    kv.init(0, torch.zeros(3))
+    g = torch.tensor([0.5, 0.1, -2.0])
+    kv.push(0, [g])  # a = g: [+1, -1, -1], residual [-0.5, 1.1, -1.0]
+    assert torch.equal(kv.pull(0), torch.tensor([1.0, -1.0, -1.0]))
+    kv.push(0, [g])  # a = [0.0, 1.2, -3.0]: [-1, +1, -1]
+    assert torch.equal(kv.pull(0), torch.tensor([-1.0, 1.0, -1.0]))
+    # two devices, one residual each: device 0 has [1.0, 0.2, -2.0] left, so a = [1.5, 0.3,
+    # -4.0] -> [+1, +1, -1]; device 1 starts from zero -> [+1, -1, -1]; the sum travels
+    kv.push(0, [g, g])
+    assert torch.equal(kv.pull(0), torch.tensor([2.0, 0.0, -2.0]))
 
 
 # ---- row-sparse values ----------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from longboat.kvstore.compression import TwoBit, parse_params
+from longboat.kvstore.compression import Compressor, parse_params
 from longboat.kvstore.errors import (
     InvalidArgumentError,
     KeyNotInitError,
@@ -47,7 +47,7 @@ class KVStore:
         self._key_type: type | None = None
         self._optimizer: Optimizer | None = None
         self._updater: Updater | None = None
-        self._compress: TwoBit | None = None
+        self._compress: Compressor | None = None
         self._closed = False
 
     # ---- who and what -------------------------------------------------------------------
@@ -309,14 +309,14 @@ class KVStore:
     _set_updater = set_updater
 
     def set_gradient_compression(self, compression_params: Mapping[str, Any]) -> None:
-        """MXNet's 2-bit compression of pushes (``{'type': '2bit', 'threshold': t}``) with
-        error feedback (``longboat.kvstore.compression``). As in MXNet, only types with 'dist'
+        """MXNet's 2-bit or 1-bit compression of pushes (``{'type': '2bit', 'threshold': t}``,
+        ``'1bit'``) with error feedback (``longboat.kvstore.compression``). As in MXNet, only types with 'dist'
         or 'device' in the name accept it; dist stores quantize each worker's (device-summed)
         push, device stores each device's value (even a single one) before summing."""
         if not self._kind.compression:
             raise MXNetError("Gradient compression is not supported for this type of kvstore")
-        threshold = parse_params(compression_params)
-        self._compress = TwoBit(threshold) if threshold > 0 else None
+        parsed = parse_params(compression_params)
+        self._compress = Compressor(*parsed) if parsed is not None else None
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Refused: the optimizer state lives in the servers' blocks."""
