@@ -34,7 +34,7 @@ FLEET_TABLES: dict[str, tuple[str, Any]] = {
     "sync_batch_norm": ("DistributedStrategy", False),
     "fuse_all_reduce_ops": ("DistributedStrategy", True),
     "fuse_grad_size_in_MB": ("DistributedStrategy", 32),
-    "fuse_grad_size_in_TFLOPS": ("DistributedStrategy", 20),
+    "fuse_grad_size_in_TFLOPS": ("DistributedStrategy", 20.0),
     "cudnn_exhaustive_search": ("DistributedStrategy", True),
     "conv_workspace_size_limit": ("DistributedStrategy", 4000),
     "cudnn_batchnorm_spatial_persistent": ("DistributedStrategy", True),
@@ -301,7 +301,7 @@ BAD_VALUES = [
     ("fuse_grad_size_in_MB", -0.5, "float > 0"),
     ("fuse_grad_size_in_MB", float("nan"), "float > 0"),
     ("fuse_grad_size_in_MB", float("inf"), "float > 0"),
-    ("fuse_grad_size_in_TFLOPS", 0, "int >= 1"),
+    ("fuse_grad_size_in_TFLOPS", 0, "float > 0"),
     ("last_comm_group_size_MB", 0.0, "float > 0"),
     ("hierarchical_allreduce_inter_nranks", 0, "int >= 1"),
     ("conv_workspace_size_limit", -1, "int >= 0"),
@@ -709,3 +709,32 @@ def test_repr_is_one_line_of_non_defaults() -> None:
     assert repr(make(nccl_comm_num=2, gradient_merge_configs={"k_steps": 2})) == (
         "Strategy(nccl_comm_num=2, gradient_merge_configs={'k_steps': 2})"
     )
+
+
+class _PaddleBuildStrategy:
+    """What Paddle's BuildStrategy() object carries: its own fields and some of
+    DistributedStrategy's, which Paddle ignores on assignment."""
+
+    def __init__(self) -> None:
+        self.fuse_bn_act_ops = True
+        self.enable_inplace = True
+        self.nccl_comm_num = 4
+        self.use_hierarchical_allreduce = True
+        self.sync_batch_norm = True
+
+
+def test_a_build_strategy_object_is_taken_as_paddle_takes_it(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from longboat.strategy import changes
+
+    monkeypatch.setattr(changes, "_warned_ignored", set())  # warned once per process
+    s = make()
+    with caplog.at_level("WARNING", logger="longboat.strategy"):
+        s.build_strategy = _PaddleBuildStrategy()
+    assert s.fuse_bn_act_ops is True and s.enable_inplace is True  # its own fields apply
+    assert s.nccl_comm_num == 1 and s.sync_batch_norm is False  # the others are ignored
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "build_strategy.nccl_comm_num is ignored" in text and "strategy.nccl_comm_num" in text
+    with pytest.raises(StrategyError, match="belongs to DistributedStrategy"):
+        s.build_strategy = {"nccl_comm_num": 4}  # longboat's own mapping form: refused

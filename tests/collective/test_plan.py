@@ -79,3 +79,9 @@ def test_the_plan_placed_on_another_world_keeps_the_users_choices() -> None:
     assert moved.comm.bucket_mb == resolve(chosen, TWO_NODES).comm.bucket_mb
     assert moved == resolve(chosen, TWO_NODES)  # the same as resolving there
     assert moved.trace == plan.trace and moved.shared_settings == plan.shared_settings
+
+
+def test_a_fractional_layer_limit_is_rounded_up() -> None:
+    """Paddle's fuse_grad_size_in_TFLOPS is a float (its tests set 0.1): at least 1 layer."""
+    assert resolve(Strategy(fuse_grad_size_in_TFLOPS=0.1), ONE_NODE).comm.layers_per_bucket == 1
+    assert resolve(Strategy(fuse_grad_size_in_TFLOPS=2.5), ONE_NODE).comm.layers_per_bucket == 3

@@ -186,11 +186,13 @@ def test_paddles_underscore_fuse_grad_size_in_tflops_is_the_field() -> None:
     """Paddle's ``_fuse_grad_size_in_TFLOPS`` property sets fuse_grad_size_in_TFLOPS; a value
     of the wrong type is refused instead of being stored on the side."""
     s = fleet.DistributedStrategy()
-    with pytest.raises(StrategyError, match="Strategy.fuse_grad_size_in_TFLOPS must be int"):
+    with pytest.raises(StrategyError, match="Strategy.fuse_grad_size_in_TFLOPS must be float"):
         s._fuse_grad_size_in_TFLOPS = "x"
     assert "_fuse_grad_size_in_TFLOPS" not in vars(s) and s.fuse_grad_size_in_TFLOPS == 20
     s._fuse_grad_size_in_TFLOPS = 30
     assert s.fuse_grad_size_in_TFLOPS == 30 and s._fuse_grad_size_in_TFLOPS == 30
+    s._fuse_grad_size_in_TFLOPS = 0.1  # a float in Paddle (its tests set 0.1)
+    assert s.fuse_grad_size_in_TFLOPS == 0.1
 
 
 def test_the_strategys_own_state_still_works() -> None:

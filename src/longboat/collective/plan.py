@@ -13,6 +13,7 @@ set (any source but the default), else the topology's (`longboat.cluster.topolog
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -276,7 +277,7 @@ class CommChoice:
             reason=reason,
             fuse=bool(strategy.fuse_all_reduce_ops),
             bucket_mb=None if bucket is None else float(bucket),
-            layers_per_bucket=int(strategy.fuse_grad_size_in_TFLOPS),
+            layers_per_bucket=math.ceil(strategy.fuse_grad_size_in_TFLOPS),
             last_bucket_mb=float(strategy.last_comm_group_size_MB),
             communicators=None if comms is None else int(comms),
             serial=bool(strategy.sync_nccl_allreduce),

@@ -208,11 +208,10 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
             field_spec(name)
             put(name, value, "flat")
             continue
-        if not isinstance(value, Mapping):
-            raise StrategyError(
-                f"{name} must be a mapping of {group} fields, got {value!r} ({type(value).__name__})"
-            )
-        for sub, sub_value in value.items():
+        from_object = not isinstance(value, Mapping)  # Paddle's BuildStrategy() style
+        for sub, sub_value in _group_items(name, group, value).items():
+            if from_object and _ignored_as_paddle_does(name, group, sub):
+                continue
             check_group_member(group, sub)
             put(sub, sub_value, f"flat and under {name}")
     for alias, value in keyed:
@@ -226,6 +225,43 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
             )
         flat[field] = {**current, key: value}
     return flat
+
+
+def _group_items(name: str, group: Group, value: Any) -> Mapping[str, Any]:
+    """``build_strategy`` / ``execution_strategy`` as ``{field: value}``: a mapping, or an
+    object holding the fields as attributes (Paddle's ``BuildStrategy()`` style)."""
+    if isinstance(value, Mapping):
+        return value
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict) and not isinstance(value, type):
+        return {k: v for k, v in attributes.items() if not k.startswith("_")}
+    raise StrategyError(
+        f"{name} must be a mapping (or an object) of {group} fields, got {value!r} "
+        f"({type(value).__name__})"
+    )
+
+
+_warned_ignored: set[str] = set()
+
+
+def _ignored_as_paddle_does(name: str, group: Group, sub: str) -> bool:
+    """A DistributedStrategy field carried by a BuildStrategy/ExecutionStrategy object (Paddle's
+    own BuildStrategy has ``nccl_comm_num``, ``sync_batch_norm``, ...): Paddle copies only the
+    group's own fields on assignment and ignores the rest; so does longboat, warning once which
+    field takes effect. A mapping naming such a field is refused instead (longboat's form)."""
+    spec = FIELDS.get(ALIASES.get(sub, sub))
+    if spec is None or spec.group == group or spec.group != "DistributedStrategy":
+        return False
+    if sub not in _warned_ignored:
+        _warned_ignored.add(sub)
+        logger.warning(
+            "%s.%s is ignored, as Paddle ignores it there: it is a DistributedStrategy field; "
+            "set strategy.%s instead",
+            name,
+            sub,
+            spec.name,
+        )
+    return True
 
 
 def collect_changes(data: Mapping[str, Any], source: str, where: str = "") -> list[Change]:

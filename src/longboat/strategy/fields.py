@@ -205,9 +205,9 @@ _STATIC: tuple[FieldSpec, ...] = (
     ),
     FieldSpec(
         "fuse_grad_size_in_TFLOPS",
-        Int(1),
-        20,
-        "at most this many layers per fused allreduce bucket",
+        Float(0, lo_open=True),
+        20.0,
+        "at most this many layers per fused allreduce bucket (a float as in Paddle, rounded up)",
         implemented(),
     ),
     FieldSpec(
