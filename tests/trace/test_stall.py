@@ -91,7 +91,9 @@ def test_hung_rank_ends_a_default_job_at_the_job_timeout(tmp_path: Path) -> None
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
     text = out.stdout + out.stderr
     assert out.returncode != 0, text
-    summary = text.split("longboat launch: rank 0 ", 1)[1]  # the launcher's failure summary
+    # the launcher's failure summary leads with the rank rank 0 waited for
+    summary = text.split("longboat launch: rank 1 stopped responding", 1)[1]
+    assert "waiting for it, rank 0 exited" in summary.splitlines()[0], summary
     assert "--- stall report of rank 0 " in summary, summary
     report = summary.split("--- stall report of rank 0 ", 1)[1].splitlines()[1]
     assert "rank 0 has waited" in report and "Missing ranks: 1: [" in report, report
