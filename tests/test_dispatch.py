@@ -29,3 +29,16 @@ def test_frozen_model_parameters_left_out_of_the_optimizer_are_fine() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     check_optimizer_owns_model_params(model, torch.optim.SGD(model[1].parameters(), lr=0.1))
     check_optimizer_owns_model_params(model, None)
+
+
+def test_every_door_refuses_a_foreign_or_reused_optimizer() -> None:
+    """lb.distribute, the collective engine called directly and lb.ps.distribute check the
+    same things before touching anything (one function: longboat.ownership.admit)."""
+    from longboat.collective.engine import distribute as collective_distribute
+
+    model, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    foreign = torch.optim.SGD(other.parameters(), lr=0.1)
+    for door in (lb.distribute, collective_distribute, lb.ps.distribute):
+        strategy = lb.Strategy(mode="ps") if door is lb.ps.distribute else lb.Strategy()
+        with pytest.raises(ForeignParameterError, match="not in the model"):
+            door(model, foreign, strategy)

@@ -9,8 +9,7 @@ from torch import nn
 
 import longboat.cluster as cluster
 from longboat import session
-from longboat.optim.staged import ALREADY_DISTRIBUTED, is_distributed
-from longboat.ownership import check_optimizer_owns_model_params
+from longboat.ownership import admit
 from longboat.strategy import Strategy
 
 
@@ -27,9 +26,7 @@ def distribute(
     averaged across ranks).
     """
     strategy = strategy or cluster.current_strategy() or Strategy()
-    if optimizer is not None and is_distributed(optimizer):  # before any hook or connection
-        raise ValueError(f"{ALREADY_DISTRIBUTED}: use the optimizer it returned")
-    check_optimizer_owns_model_params(model, optimizer)
+    admit(model, optimizer)  # the engines check again: a direct call gets the same refusals
     if strategy.mode == "ps":
         from longboat.ps.engine import distribute as ps_distribute
 

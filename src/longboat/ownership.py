@@ -8,11 +8,21 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from longboat.optim.staged import is_distributed
+from longboat.optim.staged import ALREADY_DISTRIBUTED, is_distributed
 
 
 class ForeignParameterError(ValueError):
     """The optimizer holds parameters that are not in the model given to ``lb.distribute``."""
+
+
+def admit(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """What every engine checks before it touches a model and optimizer, whichever door they
+    came through (``lb.distribute``, ``lb.ps.distribute``, the Fleet facade): an optimizer
+    that a distribute call already returned is refused, and so is one holding parameters
+    outside ``model``. Before any hook or connection is made."""
+    if optimizer is not None and is_distributed(optimizer):
+        raise ValueError(f"{ALREADY_DISTRIBUTED}: use the optimizer it returned")
+    check_optimizer_owns_model_params(model, optimizer)
 
 
 def check_optimizer_owns_model_params(

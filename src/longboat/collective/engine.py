@@ -50,7 +50,8 @@ from longboat.comm.groups import make_communicators
 from longboat.comm.serial import SerialAllreduce
 from longboat.log import get_logger
 from longboat.optim import wrap_optimizer
-from longboat.optim.staged import ALREADY_DISTRIBUTED, Stage, StagedOptimizer, is_distributed
+from longboat.optim.staged import Stage, StagedOptimizer
+from longboat.ownership import admit
 from longboat.recompute import apply_recompute
 from longboat.strategy import Strategy
 from longboat.trace import attach
@@ -74,6 +75,7 @@ def distribute(
     stages the plan asks for).
     """
     strategy = strategy or cluster.current_strategy() or Strategy()
+    admit(model, optimizer)
     if strategy.mode != "collective":
         raise ValueError(f"mode={strategy.mode!r} is not collective: call lb.distribute")
     strategy.check()
@@ -224,8 +226,6 @@ def _wrap_optimizer(
                 "local SGD averages parameters after optimizer steps: pass the optimizer"
             )
         return None
-    if is_distributed(optimizer):
-        raise ValueError(f"{ALREADY_DISTRIBUTED}: use the optimizer it returned")
     if plan.optimizer.replace_with is not None:  # Fleet's LARS/LAMB meta-optimizers
         optimizer = wrap_optimizer(
             plan.optimizer.replace_with, optimizer, named, dict(plan.optimizer.config)

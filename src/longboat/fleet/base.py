@@ -22,8 +22,8 @@ from torch import nn
 import longboat.cluster as cluster
 from longboat import session
 from longboat.checkpoint import load_checkpoint, save_checkpoint
-from longboat.collective.engine import distribute
 from longboat.collective.model import DistributedModel
+from longboat.dispatch import distribute
 from longboat.fleet.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from longboat.ps import auth
 from longboat.ps.engine import PSModel

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from longboat.log import get_logger
+from longboat.ownership import admit
 from longboat.ps import auth, modes, settings, table_admin
 from longboat.ps.active_engine import current, make_current, release
 from longboat.ps.client import Call, Client, PSError, ReplyWatch
@@ -444,6 +445,7 @@ def distribute(
     strategy.check_implemented()
     if optimizer is None:
         raise ValueError("parameter-server mode needs the optimizer: lb.distribute(model, opt, s)")
+    admit(model, optimizer)
     if isinstance(model, PSModel):
         raise ValueError("this model was already passed to lb.distribute")
     cfg = PSConfig.from_strategy(strategy, **overrides)
