@@ -196,7 +196,10 @@ class Registry(Generic[F]):
                     self._loaded = True
 
 
-def _importer(*modules: str) -> Callable[[], None]:
+def importer(*modules: str) -> Callable[[], None]:
+    """A registry's ``load_builtin``: import ``modules``, whose decorators register the
+    built-in entries (the one way built-ins are loaded)."""
+
     def load() -> None:
         for module in modules:
             importlib.import_module(module)
@@ -206,7 +209,7 @@ def _importer(*modules: str) -> Callable[[], None]:
 
 ALGORITHMS: Registry[Callable] = Registry(
     "allreduce algorithm",
-    _importer(
+    importer(
         *(
             f"longboat.comm.algorithms.{m}"
             for m in ("native", "ring", "shm", "hierarchical", "auto", "topology")
@@ -217,7 +220,7 @@ ALGORITHMS: Registry[Callable] = Registry(
 
 COMPRESSORS: Registry[Callable] = Registry(
     "gradient compressor",
-    _importer(*(f"longboat.comm.compress.{m}" for m in ("cast", "powersgd", "dgc"))),
+    importer(*(f"longboat.comm.compress.{m}" for m in ("cast", "powersgd", "dgc"))),
 )
 """Gradient compressors ``(inner, group, config) -> AllreduceFn``:
 ``Strategy.gradient_compression`` (or their ``switch`` field) and ``<name>_configs``."""

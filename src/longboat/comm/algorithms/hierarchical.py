@@ -33,7 +33,7 @@ from longboat.comm.algorithms import AllreduceFn, register
 from longboat.comm.algorithms.ring import check_dtype, run_flat
 from longboat.comm.background import AsyncAllreduce
 from longboat.comm.handles import wait_for
-from longboat.registry import Registry
+from longboat.registry import Registry, importer
 
 INTER_NRANKS_FIELD = "hierarchical_allreduce_inter_nranks"
 
@@ -79,7 +79,9 @@ class IntraNode(ABC):
 
 
 IntraNodeFactory = Callable[[dist.ProcessGroup], IntraNode]
-_INTRA: Registry[IntraNodeFactory] = Registry("intra-node stage")
+_INTRA: Registry[IntraNodeFactory] = Registry(
+    "intra-node stage", importer("longboat.comm.algorithms.shm_intra")
+)
 register_intra_node = _INTRA.register  # decorator: selectable as the intra-node stage ``name``
 
 
@@ -238,8 +240,6 @@ def make_hierarchical(
     across nodes.
     """
     if intra == "auto":
-        from longboat.comm.algorithms import shm_intra  # noqa: F401 - registers "shm"
-
         intra = "shm" if dist.get_backend(group) == "gloo" else "torch"
     make_intra = _INTRA.get(intra)
     if inter == "hierarchical":

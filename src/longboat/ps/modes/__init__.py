@@ -30,7 +30,7 @@ import torch
 from longboat.ps.config import PSConfig
 from longboat.ps.params import DenseParams, wait_all
 from longboat.ps.sparse import SparseLookups
-from longboat.registry import Registry
+from longboat.registry import Registry, importer
 
 __all__ = ["Mode", "ModeContext", "get", "names", "register", "wait_all"]
 
@@ -81,12 +81,11 @@ class Mode:
         """Stop background work (after ``flush``)."""
 
 
-_MODES: Registry[type[Mode]] = Registry("parameter-server mode")
+_MODES: Registry[type[Mode]] = Registry(
+    "parameter-server mode",
+    importer(*(f"longboat.ps.modes.{m}" for m in ("sync", "a_sync", "half_async", "geo"))),
+)
 register = _MODES.register  # class decorator: selectable as PSConfig.mode = name
 names = _MODES.names
 get = _MODES.get
 unregister = _MODES.unregister  # tests remove what they registered
-
-# the built-in modes register on import of this package (not lazily on first lookup: trainers
-# of one process may look a mode up from several threads at once)
-from longboat.ps.modes import a_sync, geo, half_async, sync  # noqa: E402, F401
