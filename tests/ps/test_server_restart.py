@@ -44,12 +44,15 @@ def _assert_reference(trainers: list[tuple[Any, Any, Any]]) -> None:
 
 def test_recovery_window_follows_the_checkpoint_period(monkeypatch: pytest.MonkeyPatch) -> None:
     import longboat as lb
+    from longboat.ps import modes
 
     monkeypatch.setenv("LONGBOAT_PS_CHECKPOINT_EVERY", "3")
     assert PSConfig.from_strategy(lb.Strategy(mode="ps", a_sync=False)).recovery_window == 6
-    assert PSConfig.from_strategy(lb.Strategy(mode="ps", a_sync=True)).recovery_window == 0
     monkeypatch.delenv("LONGBOAT_PS_CHECKPOINT_EVERY")
     assert PSConfig.from_strategy(lb.Strategy(mode="ps", a_sync=False)).recovery_window == 0
+    # whether a trainer replays is its mode's trait: only sync combines every push of a step
+    recoverable = {name for name in modes.names() if modes.get(name).recoverable}
+    assert recoverable == {"sync"}
 
 
 def test_sync_trainers_recover_from_a_killed_server_without_losing_updates(

@@ -38,8 +38,9 @@ class PSConfig:
     #: sync with overlap: after timing a few steps, merge push buckets that would start too
     #: close to the end of backward to hide anything (``HookPusher``)
     tune_buckets: bool = True
-    #: sync: steps of pushed gradients kept to replay after a server restarts from its
-    #: checkpoint (0: off; default twice ``LONGBOAT_PS_CHECKPOINT_EVERY``)
+    #: steps of pushed gradients kept to replay after a server restarts from its checkpoint,
+    #: by modes that are ``recoverable`` (sync); 0: off; default twice
+    #: ``LONGBOAT_PS_CHECKPOINT_EVERY``
     recovery_window: int = 0
     #: the timeline and the stall inspection of server replies (None: both off)
     trace: TraceConfig | None = None
@@ -68,7 +69,7 @@ class PSConfig:
             max_merge=int(c["max_merge_var_num"]),
             queue_size=int(c["send_queue_size"]),
             wait_times=int(c["send_wait_times"]),
-            recovery_window=2 * checkpoint_every() if mode == "sync" else 0,
+            recovery_window=2 * checkpoint_every(),  # used where the mode is recoverable
             trace=TraceConfig.of(strategy),
             recompute=RecomputeConfig.of(strategy.recompute, strategy.recompute_configs),
         )

@@ -42,7 +42,7 @@ __all__ = ["MODES", "PSConfig", "PSEngine", "PSModel", "PSOptimizer", "cluster_f
 
 log = get_logger("longboat.ps")
 
-MODES = ("sync", "async", "half_async", "geo")  # the built-in modes; modes.names() lists all
+MODES = ("sync", "async", "half_async", "geo")  # what the Strategy selects; modes.names(): all
 _NULL = contextlib.nullcontext()
 
 
@@ -160,7 +160,7 @@ class PSEngine:
     def _make_recovery(self) -> Recovery | None:
         """The replay log of a sync trainer whose servers checkpoint periodically (dense
         parameters and sparse tables)."""
-        replayable = self.cfg.mode == "sync" and self._update == "optimizer"
+        replayable = self.mode.recoverable and self._update == "optimizer"
         if self.cfg.recovery_window <= 0 or not replayable:
             return None
         return Recovery(self, self.cfg.recovery_window)

@@ -56,13 +56,16 @@ class Mode:
     optimizer runs there on the pushed gradient; "delta": the value moves by the push);
     ``sync``: servers combine every trainer's push of a step and pulls (and sparse lookups)
     wait for that step's result; ``trainer_optimizer``: ``update_on_server=False`` is allowed;
-    ``uses_k_steps``: ``k_steps`` is part of the trainers' agreement.
+    ``uses_k_steps``: ``k_steps`` is part of the trainers' agreement; ``recoverable``: after a
+    server restarts from its periodic checkpoint, a trainer can replay the steps since then
+    (every push of a step is combined on the servers, so the replay is exact).
     """
 
     update: ClassVar[str] = "optimizer"
     sync: ClassVar[bool] = False
     trainer_optimizer: ClassVar[bool] = False
     uses_k_steps: ClassVar[bool] = False
+    recoverable: ClassVar[bool] = False
 
     def __init__(self, ctx: ModeContext) -> None:
         self.ctx = ctx

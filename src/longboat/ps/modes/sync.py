@@ -17,6 +17,7 @@ class SyncStep(Mode):
 
     sync = True
     trainer_optimizer = True
+    recoverable = True
 
     def __init__(self, ctx: ModeContext) -> None:
         super().__init__(ctx)
