@@ -32,20 +32,9 @@ from longboat.collective.plan import CollectivePlan, Placement, resolve
 from longboat.comm import algorithms
 from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.compress import make_compressor
-from longboat.comm.handles import future_of
+from longboat.comm.handles import completed, future_of, wait_for
 from longboat.comm.serial import SerialAllreduce
 from longboat.strategy import Strategy
-
-#: the fields a DDP hook applies; DDP's own arguments decide the rest
-HONOURED = (
-    "allreduce_algorithm",
-    "use_hierarchical_allreduce",
-    "hierarchical_allreduce_inter_nranks",
-    "sync_nccl_allreduce",
-    "gradient_compression",
-    "fp16_allreduce",
-    "powersgd_configs",
-)
 
 Hook = Callable[["HookState", dist.GradBucket], Future]
 
@@ -118,11 +107,9 @@ def _hook(state: HookState, bucket: dist.GradBucket) -> Future:
     state.set_layout(bucket)
     handle = state.allreduce(tensor)
     source = future_of(handle)
-    if source is None:  # finished on the host already (one rank, or an algorithm without one)
-        handle.wait()
-        done: Future = Future()
-        done.set_result(tensor)
-        return done
+    if source is None:  # one rank, or an algorithm that only has wait()
+        wait_for(handle)  # the current stream now waits for it
+        return completed(tensor)
     return source.then(lambda f: _reduced(f, tensor))
 
 

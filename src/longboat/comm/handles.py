@@ -60,6 +60,16 @@ def future_of(handle: Any) -> Future | None:
         return None
 
 
+def completed(tensor: torch.Tensor) -> Future:
+    """A future already holding ``tensor``, for work that has finished as far as the caller's
+    stream is concerned (after ``wait_for``): on a GPU it records the current stream's event,
+    so whoever waits on it is ordered after everything queued there so far."""
+    device = tensor.device
+    future: Future = Future(devices=[device]) if device.type == "cuda" else Future()
+    future.set_result(tensor)
+    return future
+
+
 def wait_for(handle: Handle) -> object:
     """Order what the caller does next after ``handle``'s collective: the current stream
     waits for its device work, the host for its host work. Every reader of a collective's

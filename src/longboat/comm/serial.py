@@ -55,7 +55,7 @@ class SerialAllreduce:
         run = fn or self._fn
         if tensor.device.type != "cpu":
             return run(tensor)  # ordered where it runs; its handle carries its events
-        result: Future = Future()
+        result: Future = Future()  # CPU tensors only: host completion is the work done
 
         def start(_: object = None) -> None:
             try:
