@@ -69,6 +69,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
 CONTROL = "elastic control flags"  # State.sync, its digests, any_rank: not a training run
 #: the defect the harness exists to catch, put back on purpose: it must fail on a GPU
 NEGATIVE = "negative control: host-completed bucket futures"
+#: how the negative control can fail besides stale gradients: the per-step usage counts, read
+#: before their reduction landed, claim that parameters received no gradient
+STALE_SYMPTOM = "received no gradient"
 TOLERANCE = {"single": 1e-5, "amp": 2e-3, "host": 1e-4}
 #: a lossy variant against the single-process run: what CI checks on CPU (no GPU to pair with)
 LOSSY_TOLERANCE = 5e-2
