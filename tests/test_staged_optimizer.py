@@ -283,3 +283,60 @@ def test_attach_gives_the_timeline_stage_and_attaching_again_replaces_it(single,
     second = opt.stage(StageKind.TIMELINE)
     assert isinstance(second, RecordStep) and second is not first
     assert second.observer is current_observer() and opt.stages == (second,)
+
+
+def _closure_run(strategy: lb.Strategy, use_closure: bool, overflow_at: int = -1) -> list[Any]:
+    model = _model()
+    wrapped, opt = lb.distribute(model, _sgd(model), strategy)
+    x = torch.linspace(-1, 1, 8).reshape(2, 4)
+    for i in range(6):
+
+        def closure(i: int = i) -> torch.Tensor:
+            opt.zero_grad()
+            loss = wrapped(x * (1 + i)).sum()
+            (loss * (float("inf") if i == overflow_at else 1.0)).backward()
+            return loss
+
+        if use_closure:
+            opt.step(closure)
+        else:
+            closure()
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"gradient_merge": True, "gradient_merge_configs": {"k_steps": 2, "avg": True}},
+        {"amp": True, "amp_configs": {"dtype": "float16", "init_loss_scaling": 8.0}},
+    ],
+    ids=["gradient merge", "amp float16 overflow"],
+)
+def test_a_closure_step_equals_backward_then_step(single, fields) -> None:
+    """Stages that decide from the step's gradients (merge gate, loss scaling) see the
+    closure's backward, not the previous step's (Lightning always steps with a closure)."""
+    overflow = 2 if fields.get("amp") else -1
+    expected = _closure_run(lb.Strategy(**fields), use_closure=False, overflow_at=overflow)
+    got = _closure_run(lb.Strategy(**fields), use_closure=True, overflow_at=overflow)
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_an_inner_that_calls_the_closure_again_evaluates_it_again() -> None:
+    model, boundary = _model(), Boundary(k=1)
+    calls: list[int] = []
+
+    def closure() -> torch.Tensor:
+        calls.append(1)
+        boundary.tick()
+        model.zero_grad()
+        loss = model(torch.ones(2, 4)).pow(2).sum()
+        loss.backward()
+        return loss
+
+    lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=3)
+    opt = StagedOptimizer(lbfgs, [MergeGate(cast(DistributedModel, boundary))])
+    first = opt.step(closure)
+    assert isinstance(first, torch.Tensor)
+    assert len(calls) > 1  # once before the stages, then LBFGS's own re-evaluations

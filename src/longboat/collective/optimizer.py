@@ -17,6 +17,7 @@ class MergeGate(Stage):
     """``step`` and ``zero_grad`` act only at gradient-merge boundaries."""
 
     kind = StageKind.GRADIENT_MERGE
+    decides_on_gradients = True
 
     def __init__(self, model: DistributedModel) -> None:
         self.model = model
@@ -71,6 +72,7 @@ class LossScaling(Stage):
     """Skip the step when the reduced gradients overflowed (on every rank); adapt the scale."""
 
     kind = StageKind.LOSS_SCALING
+    decides_on_gradients = True
 
     def __init__(self, model: DistributedModel) -> None:
         self.model = model  # its reducer is read at each step: a rebuild replaces it
@@ -88,6 +90,7 @@ class DGCMomentum(Stage):
     """Once DGC sends sparse it applies the momentum, so the optimizer's is off for the step."""
 
     kind = StageKind.DGC_MOMENTUM
+    decides_on_gradients = True
 
     def __init__(self, compressors: Sequence[Any], optimizer: torch.optim.Optimizer) -> None:
         self.compressors = list(compressors)  # the DGC compressors' states (``sparse_active``)

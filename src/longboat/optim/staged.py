@@ -60,6 +60,9 @@ class Stage:
     by default both pass straight through to the rest."""
 
     kind: ClassVar[StageKind]
+    #: the stage decides from this step's gradients before running the rest (skip, gate): a
+    #: closure given to ``step`` is then evaluated before any stage runs
+    decides_on_gradients: ClassVar[bool] = False
 
     def step(self, rest: StepRest, closure: Any = None, **kwargs: Any) -> Any:
         """Run this stage around ``rest(closure, **kwargs)``; returns the step's result."""
@@ -71,6 +74,23 @@ class Stage:
 
     def __repr__(self) -> str:
         return type(self).__name__
+
+
+class EvaluatedClosure:
+    """``closure``, called once now (gradients enabled): its first call returns that result,
+    later calls evaluate it again."""
+
+    def __init__(self, closure: Callable[[], Any]) -> None:
+        self.closure = closure
+        with torch.enable_grad():
+            self.first = closure()
+        self._replayed = False
+
+    def __call__(self) -> Any:
+        if not self._replayed:
+            self._replayed = True
+            return self.first
+        return self.closure()
 
 
 _inners: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
@@ -127,8 +147,19 @@ class StagedOptimizer(torch.optim.Optimizer):
     # -- step and zero_grad through the stages --------------------------------------------
 
     def step(self, closure: Any = None, **kwargs: Any) -> Any:
-        """The stages, outermost first, then the inner's ``step``."""
-        return self._step_from(0, closure, kwargs)
+        """The stages, outermost first, then the inner's ``step``.
+
+        With a ``closure`` (Lightning, LBFGS) and a stage that decides from this step's
+        gradients (loss scaling, gradient merge), the closure's forward and backward run first,
+        so the stage sees them; the inner then gets a closure whose first call returns that
+        result and whose later calls evaluate again (LBFGS's line search). Without such a stage
+        the closure reaches the inner untouched.
+        """
+        if closure is None or not any(s.decides_on_gradients for s in self._stages):
+            return self._step_from(0, closure, kwargs)
+        evaluated = EvaluatedClosure(closure)
+        result = self._step_from(0, evaluated, kwargs)
+        return evaluated.first if result is None else result
 
     def _step_from(self, i: int, closure: Any, kwargs: dict[str, Any]) -> Any:
         if i == len(self._stages):
