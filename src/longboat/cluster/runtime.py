@@ -158,11 +158,14 @@ def _gather(key: str | None, backend: str) -> Topology:
 def _adopt() -> tuple[ClusterInfo, Topology]:
     """Describe a process group that the user initialised before calling init()."""
     rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
-    info = discover()
-    if (info.rank, info.world_size) == (rank, world):
+    try:
+        info: ClusterInfo | None = discover()
+    except ClusterError:  # launcher variables half cleared (Lightning's teardown): the group rules
+        info = None
+    if info is not None and (info.rank, info.world_size) == (rank, world):
         info = replace(info, backend=backend)
         return info, _gather(info.node_key, backend)
-    if info.source != "single":
+    if info is not None and info.source != "single":
         raise ClusterError(
             f"torch.distributed is already initialised as rank {rank} of {world}, but the "
             f"{info.source} environment says rank {info.rank} of {info.world_size}; "

@@ -1,0 +1,194 @@
+"""``LongboatStrategy``: Lightning's ``Trainer`` running longboat's collective engine.
+
+    import longboat.integrations.lightning  # registers the names "longboat" and "longboat_spawn"
+    trainer = lightning.Trainer(strategy=LongboatStrategy(lb.Strategy(nccl_comm_num=2)), ...)
+
+Lightning owns the loop, the launcher, the sampler, checkpoints and logging; longboat owns the
+model wrapper and the optimizer stages (buckets, overlap, communicators, compression, AMP, sync
+BN, local SGD, DGC), exactly as ``lb.distribute`` builds them. Needs ``pip install
+'longboat[lightning]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Generator
+from datetime import timedelta
+from typing import Any, Literal
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.overrides.distributed import _sync_module_states
+    from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+    from lightning.pytorch.trainer.states import TrainerFn
+except ImportError as exc:  # pragma: no cover - the message is the point
+    raise ImportError(
+        "longboat.integrations.lightning needs Lightning: pip install 'longboat[lightning]' "
+        f"(or pip install lightning); importing it failed: {exc}"
+    ) from exc
+
+import longboat.cluster as cluster
+from longboat import session
+from longboat.collective.model import DistributedModel
+from longboat.dispatch import distribute
+from longboat.strategy import Strategy
+
+__all__ = ["LongboatStrategy", "register"]
+
+FULL_PRECISION = ("32-true", "32", 32)
+
+
+class LongboatStrategy(DDPStrategy):
+    """Lightning strategy that trains with ``lb.distribute``'s model and optimizer.
+
+    ``strategy``: the longboat Strategy (default: the one ``lb.init`` was given, else
+    ``Strategy()``). Every other argument is Lightning's (``DDPStrategy``'s, minus the DDP
+    module's own options). The process group is Lightning's, bounded by longboat's job
+    timeout (``LONGBOAT_TIMEOUT``, 300 s) unless ``timeout`` says otherwise, on
+    ``LONGBOAT_BACKEND`` when set.
+
+    Lightning's features map onto longboat's: ``accumulate_grad_batches`` skips the
+    allreduce of the accumulating backwards (``no_sync``), ``sync_batchnorm=True`` is
+    longboat's sync BN, ``precision="16-mixed"``/``"bf16-mixed"`` is Lightning's AMP (or
+    ``Strategy(amp=True)`` with ``precision="32-true"``, longboat's; not both).
+    """
+
+    strategy_name = "longboat"
+
+    def __init__(
+        self,
+        strategy: Strategy | None = None,
+        *,
+        accelerator: pl.accelerators.Accelerator | None = None,
+        parallel_devices: list[Any] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        timeout: timedelta | None = None,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=os.environ.get("LONGBOAT_BACKEND") or None,
+            timeout=timeout or cluster.job_timeout(),
+            start_method=start_method,
+        )
+        if strategy is not None:
+            admit_strategy(strategy)
+        self._longboat = strategy
+
+    @property
+    def longboat_strategy(self) -> Strategy:
+        """The longboat Strategy this run trains with."""
+        return self._longboat or cluster.current_strategy() or Strategy()
+
+    # -- the process group: Lightning's, adopted by longboat ---------------------------------
+
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        session.init(self.longboat_strategy)  # adopts the group Lightning just created
+
+    # -- model and optimizer -------------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.accelerator is not None and self.model is not None
+        self.accelerator.setup(trainer)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        strategy = admit_strategy(self.longboat_strategy)
+        check_precision(strategy, self.precision_plugin)
+        if fitting and self._layer_sync is not None:  # Trainer(sync_batchnorm=True)
+            strategy = strategy.copy()  # longboat's sync BN in place of torch's (CUDA-only)
+            strategy.sync_batch_norm = True
+        self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        if fitting:
+            self.setup_optimizers(trainer)
+            self._distribute(strategy)
+        else:
+            _sync_module_states(self.model)
+        self.setup_precision_plugin()
+
+    def _distribute(self, strategy: Strategy) -> None:
+        if len(self.optimizers) > 1:
+            raise ValueError(
+                f"LongboatStrategy trains with one optimizer; configure_optimizers returned "
+                f"{len(self.optimizers)}. Put their parameters in one optimizer's param groups "
+                "(each group keeps its own hyper-parameters)."
+            )
+        optimizer = self.optimizers[0] if self.optimizers else None
+        model, wrapped = distribute(self.model, optimizer, strategy)
+        self.model = model
+        if wrapped is not None:
+            if getattr(wrapped, "inner", optimizer) is not optimizer:  # LARS/LAMB swapped in
+                for config in self.lr_scheduler_configs:
+                    if getattr(config.scheduler, "optimizer", None) is optimizer:
+                        config.scheduler.optimizer = wrapped
+            self.optimizers = [wrapped]
+
+    @contextlib.contextmanager
+    def block_backward_sync(self) -> Generator[None, None, None]:
+        """Lightning's gradient accumulation: no allreduce until the last micro-batch."""
+        if isinstance(self.model, DistributedModel):
+            with self.model.no_sync():
+                yield
+        else:
+            yield
+
+    def teardown(self) -> None:
+        if isinstance(self.model, DistributedModel):
+            self.model = self.lightning_module
+        super().teardown()
+        cluster.shutdown()  # longboat's state; the process group stays Lightning's
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        for name, start_method in (("longboat", "popen"), ("longboat_spawn", "spawn")):
+            if name not in strategy_registry:
+                strategy_registry.register(
+                    name,
+                    cls,
+                    description=f"longboat's collective engine, start_method {start_method!r}",
+                    start_method=start_method,
+                )
+
+
+def admit_strategy(strategy: Strategy) -> Strategy:
+    """``strategy`` if Lightning can run it, else a ValueError naming the field and the way."""
+    strategy.check()
+    if strategy.mode != "collective":
+        raise ValueError(
+            f"LongboatStrategy runs collective training; this Strategy is in {strategy.mode!r} "
+            "mode (parameter server). Train parameter-server jobs with lb.distribute in your "
+            "own loop, or use Strategy(mode='collective')."
+        )
+    if strategy.gradient_merge:
+        raise ValueError(
+            "Strategy(gradient_merge=True) under Lightning: use "
+            "Trainer(accumulate_grad_batches=k) instead (longboat skips the allreduce of the "
+            "accumulating backwards, as gradient merge does)."
+        )
+    return strategy
+
+
+def check_precision(strategy: Strategy, plugin: Any) -> None:
+    """Refuse two mixed-precision systems at once (two autocasts, two loss scalers)."""
+    precision = getattr(plugin, "precision", "32-true")
+    if strategy.amp and precision not in FULL_PRECISION:
+        raise ValueError(
+            f"Strategy(amp=True) and Trainer(precision={precision!r}) both do mixed precision. "
+            "Keep one: Trainer(precision='32-true') with longboat's AMP, or Strategy(amp=False) "
+            "with Lightning's."
+        )
+
+
+def register(registry: Any = StrategyRegistry) -> None:
+    """Make ``Trainer(strategy="longboat")`` (and ``"longboat_spawn"``) name this strategy."""
+    LongboatStrategy.register_strategies(registry)
+
+
+register()
