@@ -27,12 +27,18 @@ class Net(pl.LightningModule):
     def __init__(self, crash: bool) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3)
+        )
         self.crash = crash
 
     def training_step(self, batch, _index):
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        if self.crash and attempt == 0 and (self.global_rank, self.global_step) == (1, CRASH_AT_STEP):
+        if (
+            self.crash
+            and attempt == 0
+            and (self.global_rank, self.global_step) == (1, CRASH_AT_STEP)
+        ):
             print("rank 1 crashes on purpose", flush=True)
             os._exit(5)
         x, y = batch
@@ -62,7 +68,9 @@ def main() -> None:
     if resume.exists():
         print(f"resumed from {resume.name}", flush=True)
     module = Net(crash)
-    trainer.fit(module, DataLoader(data, batch_size=8), ckpt_path=resume if resume.exists() else None)
+    trainer.fit(
+        module, DataLoader(data, batch_size=8), ckpt_path=resume if resume.exists() else None
+    )
     if trainer.is_global_zero:
         torch.save(module.state_dict(), out / "final.pt")
 

@@ -67,7 +67,10 @@ class Regressor(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
 
 class Probe(pl.Callback):
@@ -110,7 +113,9 @@ def _fit_all(rank: int, _world: int, root: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name, (fields, trainer_args, batch_norm) in CASES.items():
         module, probe = Regressor(batch_norm, POISONED.get(name)), Probe()
-        trainer = _trainer(LongboatStrategy(lb.Strategy(**fields)), root, callbacks=[probe], **trainer_args)
+        trainer = _trainer(
+            LongboatStrategy(lb.Strategy(**fields)), root, callbacks=[probe], **trainer_args
+        )
         trainer.fit(module, DataLoader(_data(), batch_size=BATCH))
         path = Path(root, f"{name}.ckpt")
         trainer.save_checkpoint(path)  # written by rank 0, waited for by every rank
