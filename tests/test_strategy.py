@@ -148,7 +148,7 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "micro_batch": 1,  # Paddle 2.0's key
     },
     "sharding_configs": {
-        "sharding_degree": 8,
+        "sharding_degree": 0,
         "stage": 1,
         "segment_broadcast_MB": 32.0,
         "segment_anchors": [],
@@ -479,6 +479,29 @@ CONFLICT_CASES = [
     ({"gradient_compression": "fp16"}, "localsgd", True, "gradient_compression"),
     ({"mode": "ps", "a_sync_configs": {"k_steps": 0}}, "mode", "collective", "a_sync_configs"),
     ({"allreduce_algorithm": "ring"}, "use_hierarchical_allreduce", True, "allreduce_algorithm"),
+    ({"sharding_configs": {"stage": 3}}, "sharding", True, "sharding_configs"),
+    ({"sharding_configs": {"optimize_offload": True}}, "sharding", True, "sharding_configs"),
+    ({"mode": "ps"}, "sharding", True, "mode"),
+    ({"lars": True}, "sharding", True, "lars"),
+    ({"lamb": True}, "sharding", True, "lamb"),
+    ({"find_unused_parameters": True}, "sharding", True, "find_unused_parameters"),
+    ({"auto": True}, "sharding", True, "auto"),
+    *(
+        ({"sharding_configs": {"stage": 2}, other: True}, "sharding", True, other)
+        for other in ("localsgd", "adaptive_localsgd", "dgc", "fp16_allreduce")
+    ),
+    (
+        {"sharding_configs": {"stage": 2}, "gradient_compression": "bf16"},
+        "sharding",
+        True,
+        "gradient_compression",
+    ),
+    (
+        {"sharding_configs": {"stage": 2}, "allreduce_algorithm": "ring"},
+        "sharding",
+        True,
+        "allreduce_algorithm",
+    ),
 ]
 
 
@@ -560,7 +583,7 @@ NO_EFFECT = {
     "fused_feedforward",
 }  # fmt: skip
 OUTSIDE_DATA_PARALLEL = {
-    "pipeline", "pipeline_configs", "sharding", "sharding_configs", "tensor_parallel",
+    "pipeline", "pipeline_configs", "tensor_parallel",
     "tensor_parallel_configs", "hybrid_configs",
 }  # fmt: skip
 
@@ -615,6 +638,7 @@ IMPLEMENTED = {
     "timeline", "stall_warning_seconds", "stall_shutdown_seconds",
     "a_sync_configs", "use_thread_barrier", "auto",
     "recompute", "recompute_configs", "sparse_table_configs", "elastic",
+    "sharding", "sharding_configs",
 }  # fmt: skip
 PLANNED: dict[str, str] = {}  # field -> planned feature; none left
 

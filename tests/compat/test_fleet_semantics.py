@@ -199,7 +199,6 @@ def test_conflict_is_refused_by_fleet_and_lb_distribute_naming_both() -> None:
     [
         {"pipeline": True},
         {"pipeline_configs": {"micro_batch_size": 4}},
-        {"sharding": True},
         {"tensor_parallel": True},
         {"hybrid_configs": {"dp_degree": 2, "mp_degree": 2}},
     ],

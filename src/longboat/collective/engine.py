@@ -41,6 +41,9 @@ from longboat.collective.plan import (
 )
 from longboat.collective.reducer import Reducer
 from longboat.collective.sync_bn import convert_sync_batchnorm
+from longboat.collective.sharding.groups import ShardGroups
+from longboat.collective.sharding.reducer import ShardedReducer
+from longboat.collective.sharding.step import ShardedStep
 from longboat.comm import algorithms
 from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.background import AsyncAllreduce
@@ -85,11 +88,12 @@ def distribute(
     model, named = _prepare(model, plan)
     comm = join_world(model, plan)
     if plan.runtime.compiled_fusion:
+    shards = _shard_groups(plan)  # sharding (ZeRO): collective, the same order on every rank
         model = cast(nn.Module, torch.compile(model))
     amp = Amp(plan.amp, named[0][1].device.type) if plan.amp is not None else None
     scaled = amp is not None and amp.scaler is not None
     reducer, compressors = build_reducer(
-        named, plan, optimizer, communicators=comm.pair, check_finite=scaled
+        named, plan, optimizer, communicators=comm.pair, check_finite=scaled, shards=shards
     )
     _warn_if_sync_bn_order_may_differ(plan, [*comm.fns, *compressors])
     tuner = (
@@ -217,12 +221,15 @@ def _wrap_optimizer(
     scaled: bool,
 ) -> torch.optim.Optimizer | None:
     """The returned optimizer: the user's (or LARS/LAMB), with fused kernels, wrapped in a
+    shards: ShardGroups | None = None,
     `StagedOptimizer` with the stages the plan asks for (loss scaling, DGC momentum,
     gradient merge, local SGD; their order is `StageKind`'s)."""
     local_sgd = wrapped.local_sgd
     if optimizer is None:
         if local_sgd is not None:
             raise ValueError(
+        if shards is not None:
+            raise ValueError("sharding splits the optimizer's state: pass the optimizer")
                 "local SGD averages parameters after optimizer steps: pass the optimizer"
             )
         return None
@@ -246,9 +253,18 @@ def _wrap_optimizer(
         stages.append(LocalSGDStep(local_sgd, optimizer))
     return StagedOptimizer(optimizer, stages)
 
+    if shards is not None and plan.sharding is not None:
+        stages.append(ShardedStep(optimizer, wrapped, shards, plan.sharding.stage))
 
 def _local_sgd(
     plan: CollectivePlan, params: list[nn.Parameter]
+def _shard_groups(plan: CollectivePlan) -> ShardGroups | None:
+    """Sharding's process groups (collective), or None when sharding is off."""
+    if plan.sharding is None:
+        return None
+    return ShardGroups.make(plan.sharding.degree_in(dist.get_world_size(), dist.get_rank()))
+
+
 ) -> LocalSGD | AdaptiveLocalSGD | None:
     """Local SGD replaces gradient allreduce by parameter averaging every k steps."""
     local = plan.local_sgd
@@ -277,6 +293,7 @@ def build_reducer(
     check_finite: bool = False,
 ) -> tuple[Reducer, list]:
     """The gradient reducer ``plan`` describes for ``named_params``, and its compressors.
+    shards: ShardGroups | None = None,
 
     This is the reducer ``lb.distribute`` installs; facades over the core (``longboat.horovod``)
     build theirs here too, from ``resolve(strategy, live_placement())``. The reducer registers
@@ -299,6 +316,8 @@ def build_reducer(
             free of inf/NaN (AMP loss scaling).
 
     Returns:
+        shards: sharding's groups; with ``plan.sharding`` at stage 2 the reducer
+            reduce-scatters the buckets over them (`ShardedReducer`).
         ``(reducer, compressors)``: one compressor per communicator, the allreduce functions
         the reducer runs (their ``stats`` count the bytes sent).
     """
@@ -338,15 +357,25 @@ def build_reducer(
             len(fns),
             ", one allreduce in flight per communicator" if plan.comm.serial else "",
         )
-    reducer = Reducer(
-        named_params,
-        buckets,
-        fns,
-        world_size=dist.get_world_size(),
-        find_unused_parameters=plan.find_unused_parameters,
-        check_finite=check_finite,
-        flag_fns=flag_fns,
-    )
+    if shards is not None and plan.sharding is not None and plan.sharding.stage == 2:
+        reducer: Reducer = ShardedReducer(
+            named_params,
+            buckets,
+            fns,
+            world_size=dist.get_world_size(),
+            groups=shards,
+            check_finite=check_finite,
+        )
+    else:
+        reducer = Reducer(
+            named_params,
+            buckets,
+            fns,
+            world_size=dist.get_world_size(),
+            find_unused_parameters=plan.find_unused_parameters,
+            check_finite=check_finite,
+            flag_fns=flag_fns,
+        )
     for compressor in compressors:
         if hasattr(compressor, "set_layout"):
             for buffer, layout in reducer.bucket_layouts():

@@ -123,6 +123,15 @@ class DistributedModel(nn.Module):
     def _unreachable(self, output: Any) -> list[int]:
         """Indices of parameters the autograd graph of ``output`` does not reach."""
         reached: set[int] = set()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` of the reduced gradients; under sharding stage 2,
+        where each rank holds a slice of them, the norm is taken over every rank's slices.
+        Call it between backward and ``optimizer.step()``, on every rank."""
+        clip = getattr(self.reducer, "clip_grad_norm_", None)  # sharding's reducer
+        if clip is not None:
+            return clip(max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(self.reducer.params, max_norm, norm_type)
+
         seen: set[Any] = set()
         stack = [
             t.grad_fn for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.grad_fn

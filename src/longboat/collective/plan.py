@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from longboat.cluster.topology import comm_defaults
+from longboat.collective.sharding.config import ShardingPlan
 from longboat.recompute import RecomputeConfig
 from longboat.registry import ALGORITHMS, COMPRESSORS, Entry
 from longboat.trace.config import TraceConfig
@@ -190,6 +191,8 @@ class CollectivePlan:
     shared_settings: Mapping[str, tuple[Any, str]]
     """Every Strategy setting ranks must agree on, as ``{"field" or "field.key": (value,
     source)}``; ``lb.distribute`` compares them across ranks."""
+    sharding: ShardingPlan | None = None
+    """``sharding`` (ZeRO stage 1/2) and its ``sharding_configs``, or None."""
 
     def on(self, placement: Placement) -> CollectivePlan:
         """This plan on another placement (an elastic job's new world)."""
@@ -229,6 +232,7 @@ def resolve(strategy: Strategy, placement: Placement) -> CollectivePlan:
         recompute=RecomputeConfig.of(strategy.recompute, strategy.recompute_configs),
         trace=TraceConfig.of(strategy),
         shared_settings=MappingProxyType(strategy.shared_settings()),
+        sharding=ShardingPlan.of(strategy),
     )
 
 

@@ -284,8 +284,7 @@ class Reducer:
         last = bucket.index == len(self._buckets) - 1
         if last:  # buckets launch in order: every gradient of this backward is in by now
             self._marks.write(self._flags)
-        fn = self._fns[bucket.comm]
-        bucket.handle = fn(bucket.buffer)
+        bucket.handle = self._collective(bucket)
         if self.observer is not None:
             self.observer.launched(bucket.index, bucket.comm, bucket.buffer, bucket.handle)
         if self._flags_handle_separate and last:
@@ -293,6 +292,11 @@ class Reducer:
 
     def flush(self) -> None:
         """Reduce now, outside backward, and write the averaged gradients to ``.grad``.
+    def _collective(self, bucket: _Bucket) -> Handle:
+        """Start the bucket's reduction: the allreduce of its buffer on its communicator
+        (sharding's reducer reduce-scatters it instead)."""
+        return self._fns[bucket.comm](bucket.buffer)
+
 
         Every gradient not yet in its bucket is taken from its parameter's current ``.grad``
         (zeros where that is None), every bucket is launched and waited for, and each
@@ -325,9 +329,7 @@ class Reducer:
             if self._flags_handle is not None:
                 wait_for(self._flags_handle)
             if self.check_finite:  # a rank's inf/NaN is in every rank's sum: same answer everywhere
-                self._finite = torch.stack(
-                    [torch.isfinite(b.buffer[: b.numel]).all() for b in self._buckets]
-                ).all()
+                self._finite = self._finite_flag()
                 self._finite_read = None
             used_on = self._usage()
             self._write_back(used_on)
@@ -338,6 +340,10 @@ class Reducer:
 
     @property
     def last_finite(self) -> bool:
+    def _finite_flag(self) -> torch.Tensor:
+        """On the device: are the reduced buckets free of inf/NaN?"""
+        return torch.stack([torch.isfinite(b.buffer[: b.numel]).all() for b in self._buckets]).all()
+
         """AMP: were the last reduced gradients free of inf/NaN on every rank?
 
         The check runs on the device at the end of backward; this read is the one host

@@ -12,6 +12,8 @@ runs. `StageKind` is the one place their order is written, outermost first:
 ``LOSS_SCALING``   skips the rest when the reduced gradients overflowed; adapts the scale
 ``DGC_MOMENTUM``   turns the inner's momentum off while DGC applies it
 ``PARAMETER_SERVER`` the parameter-server engine's step, which steps the inner itself
+``SHARDED_STEP``   sharding (ZeRO): steps an optimizer over this rank's shard instead of the
+                   inner, then all-gathers the parameters
 (inner)            the user's optimizer's own ``step``
 =================  ======================================================================
 
@@ -44,6 +46,7 @@ class StageKind(enum.IntEnum):
     LOSS_SCALING = enum.auto()
     DGC_MOMENTUM = enum.auto()
     PARAMETER_SERVER = enum.auto()
+    SHARDED_STEP = enum.auto()
 
 
 class StepRest(Protocol):
@@ -71,6 +74,16 @@ class Stage:
     def zero_grad(self, rest: ZeroGradRest, set_to_none: bool) -> None:
         """Run this stage around ``rest(set_to_none)``."""
         rest(set_to_none)
+
+    def state_dict(self, rest: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The optimizer's ``state_dict``: by default the rest's (the inner's)."""
+        return rest()
+
+    def load_state_dict(
+        self, rest: Callable[[dict[str, Any]], None], state_dict: dict[str, Any]
+    ) -> None:
+        """Load ``state_dict``: by default into the rest (the inner)."""
+        rest(state_dict)
 
     def __repr__(self) -> str:
         return type(self).__name__
@@ -207,12 +220,26 @@ class StagedOptimizer(torch.optim.Optimizer):
         self.inner.defaults = value
 
     def state_dict(self) -> dict[str, Any]:
-        """The inner's ``state_dict`` (checkpoints are interchangeable with it)."""
-        return self.inner.state_dict()
+        """The inner's ``state_dict`` through the stages (checkpoints are interchangeable with
+        the inner's: sharding gathers its shards into that layout)."""
+        return self._state_dict_from(0)
+
+    def _state_dict_from(self, i: int) -> dict[str, Any]:
+        if i == len(self._stages):
+            return self.inner.state_dict()
+        return self._stages[i].state_dict(lambda: self._state_dict_from(i + 1))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """The inner's ``load_state_dict``."""
-        self.inner.load_state_dict(state_dict)
+        """The inner's ``load_state_dict`` through the stages."""
+        self._load_state_dict_from(0, state_dict)
+
+    def _load_state_dict_from(self, i: int, state_dict: dict[str, Any]) -> None:
+        if i == len(self._stages):
+            self.inner.load_state_dict(state_dict)
+            return
+        self._stages[i].load_state_dict(
+            lambda sd: self._load_state_dict_from(i + 1, sd), state_dict
+        )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """The inner's ``add_param_group``."""

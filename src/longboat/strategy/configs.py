@@ -129,7 +129,13 @@ PIPELINE_CONFIGS = Config(
 )
 SHARDING_CONFIGS = Config(
     (
-        KeySpec("sharding_degree", Int(1), 8, "ranks the optimizer state is split over"),
+        KeySpec(
+            "sharding_degree",
+            Int(0),
+            0,
+            "ranks the optimizer state is split over (0: every rank of the job; below the "
+            "world size: split within groups of this many ranks, averaged across the groups)",
+        ),
         KeySpec("stage", Int(1, 3), 1, "1: optimizer state, 2: + gradients, 3: + parameters"),
         KeySpec("segment_broadcast_MB", Float(0, lo_open=True), 32.0, "broadcast segment size"),
         KeySpec("segment_anchors", StrList(), [], "variables that end a segment"),

@@ -5,7 +5,7 @@ assignment, so fields can be set in any order."""
 
 from __future__ import annotations
 
-from longboat.strategy.configs import A_SYNC_CONFIGS
+from longboat.strategy.configs import A_SYNC_CONFIGS, SHARDING_CONFIGS
 from longboat.strategy.spec import Conflict, Values, both_on
 
 
@@ -15,6 +15,121 @@ def _dgc_with_fp16_amp(v: Values) -> bool:
 
 def _ps_configs_in_collective(v: Values) -> bool:
     return v["mode"] == "collective" and v["a_sync_configs"] != A_SYNC_CONFIGS.defaults()
+
+
+def _sharding_stage(v: Values, *stages: int) -> bool:
+    return v["sharding"] is True and v["sharding_configs"]["stage"] in stages
+
+
+_SHARDING_REFUSED_KEYS = {
+    "gradient_merge_acc_step": "use gradient_merge=True with gradient_merge_configs['k_steps']",
+    "optimize_offload": "offloading the optimizer state to CPU memory is not implemented",
+    "segment_anchors": "the all-gather goes bucket by bucket (fuse_grad_size_in_MB)",
+    "mp_degree": "model parallelism is outside data parallelism (torch.distributed.tensor)",
+    "pp_degree": "pipeline parallelism is outside data parallelism (torch.distributed.pipelining)",
+}
+
+
+def _sharding_key_refused(v: Values) -> bool:
+    c = v["sharding_configs"]
+    return v["sharding"] is True and any(
+        c[k] != SHARDING_CONFIGS.defaults()[k] for k in _SHARDING_REFUSED_KEYS
+    )
+
+
+_SHARDING_CONFLICTS: tuple[Conflict, ...] = (
+    Conflict(
+        "sharding",
+        "sharding_configs",
+        lambda v: _sharding_stage(v, 3),
+        "stage 3 splits the parameters themselves, so every forward and backward gathers them; "
+        "longboat keeps a full replica of the parameters: use stage 1 or 2, or "
+        "torch.distributed.fsdp (FSDP / fully_shard) for stage 3",
+        "sharding True and sharding_configs['stage'] == 3",
+    ),
+    Conflict(
+        "sharding",
+        "sharding_configs",
+        _sharding_key_refused,
+        "these sharding_configs keys are not implemented: "
+        + "; ".join(f"{k}: {why}" for k, why in _SHARDING_REFUSED_KEYS.items())
+        + "; set them back to their defaults",
+        "sharding True and any of " + ", ".join(_SHARDING_REFUSED_KEYS) + " not at its default",
+    ),
+    Conflict(
+        "sharding",
+        "mode",
+        lambda v: v["sharding"] is True and v["mode"] == "ps",
+        "in mode='ps' the servers hold the optimizer state already; sharding splits it across "
+        "collective trainers: use mode='collective', or drop sharding",
+        "sharding True and mode == 'ps'",
+    ),
+    both_on(
+        "sharding",
+        "lars",
+        "LARS scales each layer by its own norm, which a shard of the layer cannot compute; "
+        "drop one (sharding works with elementwise optimizers: SGD, Adam, AdamW, ...)",
+    ),
+    both_on(
+        "sharding",
+        "lamb",
+        "LAMB scales each layer by its own norm, which a shard of the layer cannot compute; "
+        "drop one, or use AdamW with sharding",
+    ),
+    both_on(
+        "sharding",
+        "find_unused_parameters",
+        "a parameter no rank used is skipped by a plain optimizer, but it is part of a flat "
+        "shard under sharding and would still move (momentum, weight decay); make every "
+        "parameter take part in the loss, or freeze it (requires_grad_(False))",
+    ),
+    both_on(
+        "sharding",
+        "auto",
+        "auto swaps the gradient reducer while training, and the shards are laid out over "
+        "its buckets; set the communication settings yourself, or drop sharding",
+    ),
+    *(
+        Conflict(
+            "sharding",
+            other,
+            lambda v, o=other: _sharding_stage(v, 2) and v[o] is True,
+            f"sharding stage 2 reduce-scatters every step's gradients; {why}: use "
+            "sharding_configs['stage']=1, or drop one",
+            f"sharding True with sharding_configs['stage'] == 2 and {other} True",
+        )
+        for other, why in (
+            ("localsgd", "local SGD averages parameters instead"),
+            ("adaptive_localsgd", "adaptive local SGD averages parameters instead"),
+            ("dgc", "DGC sends sparse top-k allreduces instead"),
+            ("fp16_allreduce", "a float16 reduce-scatter is not implemented"),
+        )
+    ),
+    Conflict(
+        "sharding",
+        "gradient_compression",
+        lambda v: _sharding_stage(v, 2) and v["gradient_compression"] != "none",
+        "sharding stage 2 reduce-scatters the gradients, and the compressors compress "
+        "allreduces: use sharding_configs['stage']=1, or gradient_compression='none'",
+        "sharding True with sharding_configs['stage'] == 2 and gradient_compression not 'none'",
+    ),
+    Conflict(
+        "sharding",
+        "allreduce_algorithm",
+        lambda v: (
+            _sharding_stage(v, 2)
+            and (
+                v["allreduce_algorithm"] not in ("topology", "native")
+                or v["use_hierarchical_allreduce"] is True
+            )
+        ),
+        "sharding stage 2 reduce-scatters with the backend's own collective, not an allreduce "
+        "algorithm: use allreduce_algorithm='topology' or 'native', or "
+        "sharding_configs['stage']=1",
+        "sharding True with sharding_configs['stage'] == 2 and allreduce_algorithm not "
+        "'topology'/'native' (or use_hierarchical_allreduce True)",
+    ),
+)
 
 
 CONFLICTS: tuple[Conflict, ...] = (
@@ -106,5 +221,6 @@ CONFLICTS: tuple[Conflict, ...] = (
         "to names from model.named_modules()",
         "recompute True and recompute_configs['checkpoints'] empty",
     ),
+    *_SHARDING_CONFLICTS,
 )
 """Declarative conflict rules, checked when the strategy is used (``Strategy.check``)."""

@@ -419,11 +419,27 @@ _STATIC: tuple[FieldSpec, ...] = (
         _ONE_REPLICA,
         PIPELINE_CONFIGS,
     ),
-    *_outside(
+    FieldSpec(
         "sharding",
+        Bool(),
+        False,
         "sharding (ZeRO): optimizer state, gradients or parameters split across ranks",
-        _ONE_REPLICA,
+        implemented(
+            "ZeRO stage 1 (optimizer state) and stage 2 (+ gradients) inside data "
+            "parallelism, see docs/sharding.md; stage 3 (parameters) is refused: use FSDP"
+        ),
+    ),
+    FieldSpec(
+        "sharding_configs",
         SHARDING_CONFIGS,
+        None,
+        "sharding (ZeRO): optimizer state, gradients or parameters split across ranks: settings",
+        implemented(
+            "read: stage (1 or 2), sharding_degree, dp_degree (1 or world / sharding_degree); "
+            "segment_broadcast_MB has no effect (the all-gather goes bucket by bucket); "
+            "gradient_merge_acc_step, optimize_offload, segment_anchors, mp_degree and "
+            "pp_degree are refused at their non-default values"
+        ),
     ),
     *_outside(
         "tensor_parallel",

@@ -1,0 +1,47 @@
+"""What ``Strategy(sharding=True)`` asks for, resolved once (``CollectivePlan.sharding``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from longboat.strategy import Strategy
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardingPlan:
+    """ZeRO stage and the number of ranks the state is split over."""
+
+    stage: int
+    """1: optimizer state; 2: + gradients."""
+    degree: int
+    """Ranks per shard group; 0: every rank of the job."""
+    dp_degree: int
+    """``sharding_configs['dp_degree']``: 1, or the number of shard groups."""
+
+    @classmethod
+    def of(cls, strategy: Strategy) -> ShardingPlan | None:
+        """The plan of ``strategy``, or None when sharding is off."""
+        if not strategy.sharding:
+            return None
+        c = strategy.sharding_configs
+        return cls(
+            stage=int(c["stage"]), degree=int(c["sharding_degree"]), dp_degree=int(c["dp_degree"])
+        )
+
+    def degree_in(self, world: int, rank: int) -> int:
+        """The shard group size in a job of ``world`` ranks; ValueError naming the fields when
+        it does not divide the world."""
+        degree = world if self.degree == 0 else self.degree
+        if degree > world or world % degree:
+            raise ValueError(
+                f"rank {rank}: sharding_configs['sharding_degree']={self.degree} must divide "
+                f"the {world} ranks of the job (0 shards over every rank)"
+            )
+        if self.dp_degree not in (1, world // degree):
+            raise ValueError(
+                f"rank {rank}: sharding_configs['dp_degree']={self.dp_degree} must be 1 or "
+                f"{world // degree} (the world size over sharding_degree={degree})"
+            )
+        return degree

@@ -1,0 +1,169 @@
+"""The sharded optimizer's state in torch's standard, unsharded layout, and back.
+
+``optimizer.state_dict()`` under sharding gathers every rank's shards into the ``state_dict``
+the plain optimizer would have (state per parameter index, shaped like the parameter; the
+user's param groups), on every rank: it loads into the plain optimizer, and into a sharded
+run at any world size and ``sharding_degree``, whose ``load_state_dict`` keeps only the
+slices its rank owns. Gathering is collective: every rank of the job calls it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from longboat.collective.sharding.layout import flat_view
+from longboat.comm.handles import wait_for
+
+if TYPE_CHECKING:
+    from longboat.collective.sharding.step import ShardedStep
+
+
+def _shaped(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0
+
+
+def _describe(step: ShardedStep) -> dict[int, dict[str, Any]]:
+    """Per user group with state here: ``{key: dtype}`` for shaped state, ``{key: (value,)}``
+    for a scalar (the same on every shard of the group)."""
+    out: dict[int, dict[str, Any]] = {}
+    if step.optimizer is None:
+        return out
+    for user, shard in step.group_map:
+        for p in step.optimizer.param_groups[shard]["params"]:
+            state = step.optimizer.state.get(p)
+            if not state:
+                continue
+            out[user] = {
+                k: v.dtype if _shaped(v) else (v.detach().cpu() if torch.is_tensor(v) else v,)
+                for k, v in state.items()
+            }
+            break
+    return out
+
+
+def gather_state_dict(step: ShardedStep) -> dict[str, Any]:
+    """The full ``state_dict`` of the user's optimizer class (collective over the job)."""
+    described: list[Any] = [None] * step.groups.degree
+    dist.all_gather_object(described, _describe(step), group=step.groups.shard)
+    keys: dict[int, dict[str, Any]] = {}
+    for rank_keys in described:
+        for g, info in rank_keys.items():
+            keys.setdefault(g, info)
+    shaped = sorted(
+        {k for info in keys.values() for k, v in info.items() if isinstance(v, torch.dtype)}
+    )
+    group_of = _group_of_params(step)
+    full_state: dict[int, dict[str, Any]] = {}
+    for s in step.layout.buckets:
+        for key in shaped:
+            dtype = next(
+                info[key] for info in keys.values() if isinstance(info.get(key), torch.dtype)
+            )
+            local = torch.zeros(s.shard_numel, dtype=dtype, device=s.device)
+            for run, p in zip(s.runs, step.shard_params[s.index], strict=True):
+                state = step.optimizer.state.get(p) if step.optimizer is not None else None
+                if state and key in state:
+                    local[run.start : run.stop].copy_(state[key])
+            full = torch.empty(s.shard_numel * step.groups.degree, dtype=dtype, device=s.device)
+            wait_for(step.groups.all_gather(full, local))
+            for i, off in s.members:
+                g = group_of[i]
+                if g is None or not isinstance(keys.get(g, {}).get(key), torch.dtype):
+                    continue
+                param = step.params[i]
+                value = torch.empty_like(param, dtype=dtype)
+                flat_view(value).copy_(full[off : off + param.numel()])
+                full_state.setdefault(i, {})[key] = value
+    for i, g in enumerate(group_of):
+        if g is None or g not in keys:
+            continue
+        for key, info in keys[g].items():
+            if isinstance(info, tuple):
+                value = info[0]
+                full_state.setdefault(i, {})[key] = (
+                    value.clone() if torch.is_tensor(value) else value
+                )
+    plain = step.user.state_dict()  # the user's param groups, numbered as torch numbers them
+    index = _torch_index(step)
+    plain["state"] = {
+        index[i]: {k: state[k] for k in sorted(state)} for i, state in sorted(full_state.items())
+    }
+    return plain
+
+
+def load_gathered_state_dict(step: ShardedStep, state_dict: dict[str, Any]) -> None:
+    """Load a full ``state_dict`` (this one's or the plain optimizer's): the hyper-parameters
+    into the user's param groups, this rank's slices of the state into the shard optimizer."""
+    user = step.user
+    saved_groups = state_dict["param_groups"]
+    if len(saved_groups) != len(user.param_groups) or any(
+        len(s["params"]) != len(u["params"])
+        for s, u in zip(saved_groups, user.param_groups, strict=True)
+    ):
+        raise ValueError(
+            "loaded state dict has param groups that do not match the optimizer's (their "
+            "number or sizes differ): load a state_dict of the same model and param groups"
+        )
+    position = {id(p): i for i, p in enumerate(step.params)}
+    saved_of: dict[int, Any] = {}
+    for s_group, u_group in zip(saved_groups, user.param_groups, strict=True):
+        u_group.update({k: v for k, v in s_group.items() if k != "params"})
+        for pid, p in zip(s_group["params"], u_group["params"], strict=True):
+            saved_of[position[id(p)]] = state_dict["state"].get(pid)
+    if step.optimizer is None:
+        return
+    step.optimizer.state.clear()
+    for s in step.layout.buckets:
+        for run, shard_param in zip(s.runs, step.shard_params[s.index], strict=True):
+            states = [saved_of[piece.param] for piece in run.pieces]
+            if not any(states):
+                continue
+            if not all(states):
+                raise ValueError(
+                    "loaded state dict has state for some parameters of a param group and "
+                    "none for others: save it after a step of every parameter"
+                )
+            first = states[0]
+            loaded: dict[str, Any] = {}
+            for key, value in first.items():
+                if not _shaped(value):
+                    loaded[key] = value.clone() if torch.is_tensor(value) else value
+                    continue
+                parts = [
+                    _flat_like(state[key], step.params[piece.param])[piece.start : piece.stop]
+                    for piece, state in zip(run.pieces, states, strict=True)
+                ]
+                dtype = shard_param.dtype if value.is_floating_point() else value.dtype
+                loaded[key] = torch.cat(parts).to(device=shard_param.device, dtype=dtype)
+            step.optimizer.state[shard_param] = loaded
+
+
+def _flat_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``value`` (shaped like ``param``) flat in ``param``'s memory order."""
+    if value.shape != param.shape:
+        raise ValueError(
+            f"loaded optimizer state of shape {tuple(value.shape)} for a parameter of shape "
+            f"{tuple(param.shape)}: load a state_dict of the same model"
+        )
+    if value.stride() != param.stride():
+        value = torch.empty_like(param, dtype=value.dtype).copy_(value)
+    return flat_view(value)
+
+
+def _group_of_params(step: ShardedStep) -> list[int | None]:
+    position = {id(p): i for i, p in enumerate(step.params)}
+    group_of: list[int | None] = [None] * len(step.params)
+    for g, group in enumerate(step.user.param_groups):
+        for p in group["params"]:
+            group_of[position[id(p)]] = g
+    return group_of
+
+
+def _torch_index(step: ShardedStep) -> dict[int, int]:
+    """Trained-parameter index -> the index torch's ``state_dict`` gives it."""
+    position = {id(p): i for i, p in enumerate(step.params)}
+    ordered = [p for group in step.user.param_groups for p in group["params"]]
+    return {position[id(p)]: n for n, p in enumerate(ordered)}

@@ -1,0 +1,258 @@
+"""The sharded step: an optimizer over this rank's flat shards replaces the user's, then the
+updated parameters are all-gathered (sharding stage 1 and 2).
+
+The user's optimizer keeps its ``param_groups`` (LR schedulers change them as usual) and never
+steps itself: `ShardedStep` builds an optimizer of the same class and defaults over one flat
+shard parameter per run of the layout (`longboat.collective.sharding.layout`), with one param
+group per user group, and copies each group's hyper-parameters into it at every step. Its
+gradients are this rank's slice of the reduced gradients: copied from ``.grad`` (stage 1) or
+the reducer's reduce-scattered slices themselves (stage 2).
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from longboat.collective.model import DistributedModel
+from longboat.collective.sharding.groups import ShardGroups
+from longboat.collective.sharding.layout import BucketShard, ShardLayout, flat_view
+from longboat.comm.handles import wait_for
+from longboat.optim.staged import Stage, StageKind, StepRest
+
+ELEMENTWISE: tuple[type[torch.optim.Optimizer], ...] = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adagrad,
+    torch.optim.Adadelta,
+    torch.optim.Adamax,
+    torch.optim.ASGD,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.RMSprop,
+    torch.optim.Rprop,
+)
+"""Optimizers whose update of an element reads only that element's state: a flat slice of
+many parameters steps exactly as the parameters would."""
+
+GATHER_WINDOW = 2
+"""Buckets whose all-gather is in flight at once (each needs a full-bucket buffer)."""
+
+
+def check_elementwise(optimizer: torch.optim.Optimizer) -> None:
+    """ValueError unless ``optimizer`` updates every element on its own (exact class)."""
+    if type(optimizer) not in ELEMENTWISE:
+        names = ", ".join(c.__name__ for c in ELEMENTWISE)
+        raise ValueError(
+            f"Strategy.sharding=True: {type(optimizer).__name__} is not known to update every "
+            "element on its own (per-layer norms such as LAMB's and LARS's, matrix factors, a "
+            f"global line search); sharding supports {names}: use one of them, or set "
+            "sharding=False"
+        )
+
+
+class ShardedStep(Stage):
+    """Step an optimizer over this rank's shards, then all-gather the parameters."""
+
+    kind = StageKind.SHARDED_STEP
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: DistributedModel,
+        groups: ShardGroups,
+        stage: int,
+    ) -> None:
+        check_elementwise(optimizer)
+        self.user = optimizer
+        self.model = model
+        self.groups = groups
+        self.stage = stage
+        params = model.reducer.params
+        self.params = params
+        group_of = _group_of(optimizer, params, model.reducer.names)
+        index = {n: i for i, n in enumerate(model.reducer.names)}
+        buckets = [[index[n] for n in names] for names in model.reducer.bucket_members()]
+        self.layout = ShardLayout.build(params, buckets, group_of, groups.degree, groups.index)
+        self._flat = [flat_view(p.detach()) for p in params]
+        self.param_shards = [_zeros(s, s.shard_numel) for s in self.layout.buckets]
+        self.grad_staging = (
+            [_zeros(s, s.shard_numel) for s in self.layout.buckets] if stage == 1 else []
+        )
+        self.shard_params: list[list[nn.Parameter]] = [
+            [nn.Parameter(self.param_shards[s.index][r.start : r.stop]) for r in s.runs]
+            for s in self.layout.buckets
+        ]
+        self.optimizer, self.group_map = self._build_optimizer()
+        self._grads_of: object = None  # the reducer whose slices the shard grads view
+
+    # -- construction ---------------------------------------------------------------------------
+
+    def _build_optimizer(self) -> tuple[torch.optim.Optimizer | None, list[tuple[int, int]]]:
+        """The user's class and defaults over the shard parameters, one group per user group
+        with shards here; ``(user group, shard group)`` pairs. None when this rank owns none."""
+        by_group: dict[int, list[nn.Parameter]] = collections.defaultdict(list)
+        for shard, shard_params in zip(self.layout.buckets, self.shard_params, strict=True):
+            for run, p in zip(shard.runs, shard_params, strict=True):
+                by_group[run.group].append(p)
+        order = sorted(by_group)
+        if not order:
+            return None, []
+        groups = [{**_hparams(self.user.param_groups[g]), "params": by_group[g]} for g in order]
+        cls = type(self.user)
+        accepted = inspect.signature(cls.__init__).parameters
+        defaults = {k: v for k, v in self.user.defaults.items() if k in accepted}
+        inner = cls(groups, **defaults)
+        inner.defaults = dict(self.user.defaults)
+        return inner, [(g, i) for i, g in enumerate(order)]
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def step(self, rest: StepRest, closure: Any = None, **kwargs: Any) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            self._load_params()
+            self._load_grads()
+            if self.optimizer is not None:
+                self.sync_hparams()
+                self.optimizer.step(**kwargs)
+            self._gather()
+        return loss
+
+    def sync_hparams(self) -> None:
+        """Copy every user group's hyper-parameters into its shard group."""
+        assert self.optimizer is not None
+        for user, shard in self.group_map:
+            self.optimizer.param_groups[shard].update(_hparams(self.user.param_groups[user]))
+
+    def _load_params(self) -> None:
+        """This rank's slices of the parameters, as they are now, into the shard parameters."""
+        dst, src = [], []
+        for s in self.layout.buckets:
+            for piece in s.pieces:
+                dst.append(self.param_shards[s.index][piece.at : piece.at + piece.numel])
+                src.append(self._flat[piece.param][piece.start : piece.stop])
+        if dst:
+            torch._foreach_copy_(dst, src)
+
+    def _load_grads(self) -> None:
+        """Point each shard parameter's ``.grad`` at its slice of the reduced gradients."""
+        if self.stage == 2:
+            reducer = self.model.reducer
+            if self._grads_of is not reducer:
+                self._view_grads(reducer.grad_shards)
+                self._grads_of = reducer
+            return
+        dst, src = [], []
+        for s in self.layout.buckets:
+            staging = self.grad_staging[s.index]
+            for piece in s.pieces:
+                slot = staging[piece.at : piece.at + piece.numel]
+                grad = self.params[piece.param].grad
+                if grad is None:
+                    slot.zero_()
+                else:
+                    dst.append(slot)
+                    src.append(_flat_grad(grad, self.params[piece.param])[piece.start : piece.stop])
+        if dst:
+            torch._foreach_copy_(dst, src)
+        if self._grads_of is None:
+            self._view_grads(self.grad_staging)
+            self._grads_of = self.grad_staging
+
+    def _view_grads(self, slices: list[torch.Tensor]) -> None:
+        for s, shard_params in zip(self.layout.buckets, self.shard_params, strict=True):
+            for run, p in zip(s.runs, shard_params, strict=True):
+                p.grad = slices[s.index][run.start : run.stop]
+
+    def _gather(self) -> None:
+        """All-gather the updated shards bucket by bucket (``GATHER_WINDOW`` in flight) and
+        copy them into the parameters."""
+        pending: collections.deque = collections.deque()
+        degree = self.groups.degree
+        for s in self.layout.buckets:
+            full = torch.empty(s.shard_numel * degree, dtype=s.dtype, device=s.device)
+            pending.append((s, full, self.groups.all_gather(full, self.param_shards[s.index])))
+            if len(pending) >= GATHER_WINDOW:
+                self._write(*pending.popleft())
+        while pending:
+            self._write(*pending.popleft())
+
+    def _write(self, shard: BucketShard, full: torch.Tensor, handle: Any) -> None:
+        wait_for(handle)  # the copies below read the gathered buffer
+        dst = [self._flat[i] for i, _ in shard.members]
+        src = [full[off : off + self._flat[i].numel()] for i, off in shard.members]
+        torch._foreach_copy_(dst, src)
+
+    # -- what else reads the shards --------------------------------------------------------------
+
+    def state_dict(self, rest: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        from longboat.collective.sharding.state import gather_state_dict
+
+        return gather_state_dict(self)
+
+    def load_state_dict(
+        self, rest: Callable[[dict[str, Any]], None], state_dict: dict[str, Any]
+    ) -> None:
+        from longboat.collective.sharding.state import load_gathered_state_dict
+
+        load_gathered_state_dict(self, state_dict)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tensors of the shard optimizer's state."""
+        if self.optimizer is None:
+            return []
+        return [
+            t
+            for state in self.optimizer.state.values()
+            for t in state.values()
+            if isinstance(t, torch.Tensor)
+        ]
+
+    def __repr__(self) -> str:
+        return f"ShardedStep(stage={self.stage}, degree={self.groups.degree})"
+
+
+def _hparams(group: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+def _zeros(shard: BucketShard, numel: int) -> torch.Tensor:
+    return torch.zeros(numel, dtype=shard.dtype, device=shard.device)
+
+
+def _flat_grad(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``grad`` flat in ``param``'s memory order."""
+    if grad.stride() != param.stride():
+        grad = torch.empty_like(param).copy_(grad)
+    return flat_view(grad)
+
+
+def _group_of(
+    optimizer: torch.optim.Optimizer, params: list[nn.Parameter], names: list[str]
+) -> list[int | None]:
+    """The user's param group of each trained parameter (None: not in the optimizer);
+    ValueError for an optimizer parameter the model does not train."""
+    position = {id(p): i for i, p in enumerate(params)}
+    group_of: list[int | None] = [None] * len(params)
+    for g, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            i = position.get(id(p))
+            if i is None:
+                raise ValueError(
+                    "Strategy.sharding=True: the optimizer holds a parameter of shape "
+                    f"{tuple(p.shape)} that is not a trained parameter of the model (frozen, or "
+                    "of another module); sharding lays the optimizer out over the model's "
+                    "gradient buckets: pass only the model's trainable parameters"
+                )
+            group_of[i] = g
+    return group_of
