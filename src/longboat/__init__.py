@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "barrier": "longboat.cluster",
     "shutdown": "longboat.cluster",
     "distribute": "longboat.dispatch",
+    "compile": "longboat.collective.compile:compile_model",
     "ddp_comm_hook": "longboat.collective.ddp_hook",
     "DistributedSampler": "longboat.data.sampler",
     "SyncBatchNorm": "longboat.collective.sync_bn",

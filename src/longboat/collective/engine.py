@@ -17,6 +17,7 @@ from longboat.cluster.backends import runs_on_device
 from longboat.collective.amp import Amp
 from longboat.collective.autotune import AutoTuner, Builder, make_tuner
 from longboat.collective.buckets import BucketPlan, GradSpec, layer_of, plan_buckets
+from longboat.collective.compile import keep_overlap
 from longboat.collective.consistency import (
     broadcast_state,
     verify_same_model,
@@ -40,10 +41,10 @@ from longboat.collective.plan import (
     resolve,
 )
 from longboat.collective.reducer import Reducer
-from longboat.collective.sync_bn import convert_sync_batchnorm
 from longboat.collective.sharding.groups import ShardGroups
 from longboat.collective.sharding.reducer import ShardedReducer
 from longboat.collective.sharding.step import ShardedStep
+from longboat.collective.sync_bn import convert_sync_batchnorm
 from longboat.comm import algorithms
 from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.background import AsyncAllreduce
@@ -87,8 +88,8 @@ def distribute(
     plan = resolve(strategy, live_placement())  # below here only the plan is read
     model, named = _prepare(model, plan)
     comm = join_world(model, plan)
-    if plan.runtime.compiled_fusion:
     shards = _shard_groups(plan)  # sharding (ZeRO): collective, the same order on every rank
+    if plan.runtime.compiled_fusion:
         model = cast(nn.Module, torch.compile(model))
     amp = Amp(plan.amp, named[0][1].device.type) if plan.amp is not None else None
     scaled = amp is not None and amp.scaler is not None
@@ -102,7 +103,8 @@ def distribute(
         else None
     )
     wrapped = _wrap_model(model, plan, reducer, compressors, amp, named, tuner)
-    optimizer = _wrap_optimizer(optimizer, plan, wrapped, named, scaled)
+    keep_overlap(wrapped)  # a compiled module: cut its graph at the buckets
+    optimizer = _wrap_optimizer(optimizer, plan, wrapped, named, scaled, shards)
     return wrapped, attach(wrapped, optimizer, plan.trace)
 
 
@@ -219,17 +221,17 @@ def _wrap_optimizer(
     wrapped: DistributedModel,
     named: list[tuple[str, nn.Parameter]],
     scaled: bool,
+    shards: ShardGroups | None = None,
 ) -> torch.optim.Optimizer | None:
     """The returned optimizer: the user's (or LARS/LAMB), with fused kernels, wrapped in a
-    shards: ShardGroups | None = None,
     `StagedOptimizer` with the stages the plan asks for (loss scaling, DGC momentum,
     gradient merge, local SGD; their order is `StageKind`'s)."""
     local_sgd = wrapped.local_sgd
     if optimizer is None:
-        if local_sgd is not None:
-            raise ValueError(
         if shards is not None:
             raise ValueError("sharding splits the optimizer's state: pass the optimizer")
+        if local_sgd is not None:
+            raise ValueError(
                 "local SGD averages parameters after optimizer steps: pass the optimizer"
             )
         return None
@@ -251,13 +253,11 @@ def _wrap_optimizer(
         stages.append(MergeGate(wrapped))
     if local_sgd is not None:
         stages.append(LocalSGDStep(local_sgd, optimizer))
-    return StagedOptimizer(optimizer, stages)
-
     if shards is not None and plan.sharding is not None:
         stages.append(ShardedStep(optimizer, wrapped, shards, plan.sharding.stage))
+    return StagedOptimizer(optimizer, stages)
 
-def _local_sgd(
-    plan: CollectivePlan, params: list[nn.Parameter]
+
 def _shard_groups(plan: CollectivePlan) -> ShardGroups | None:
     """Sharding's process groups (collective), or None when sharding is off."""
     if plan.sharding is None:
@@ -265,6 +265,8 @@ def _shard_groups(plan: CollectivePlan) -> ShardGroups | None:
     return ShardGroups.make(plan.sharding.degree_in(dist.get_world_size(), dist.get_rank()))
 
 
+def _local_sgd(
+    plan: CollectivePlan, params: list[nn.Parameter]
 ) -> LocalSGD | AdaptiveLocalSGD | None:
     """Local SGD replaces gradient allreduce by parameter averaging every k steps."""
     local = plan.local_sgd
@@ -291,9 +293,9 @@ def build_reducer(
     *,
     communicators: tuple[list[dist.ProcessGroup], list[AllreduceFn]] | None = None,
     check_finite: bool = False,
+    shards: ShardGroups | None = None,
 ) -> tuple[Reducer, list]:
     """The gradient reducer ``plan`` describes for ``named_params``, and its compressors.
-    shards: ShardGroups | None = None,
 
     This is the reducer ``lb.distribute`` installs; facades over the core (``longboat.horovod``)
     build theirs here too, from ``resolve(strategy, live_placement())``. The reducer registers
@@ -314,10 +316,10 @@ def build_reducer(
             every rank must then call this in the same order.
         check_finite: record in ``reducer.last_finite`` whether the reduced gradients are
             free of inf/NaN (AMP loss scaling).
-
-    Returns:
         shards: sharding's groups; with ``plan.sharding`` at stage 2 the reducer
             reduce-scatters the buckets over them (`ShardedReducer`).
+
+    Returns:
         ``(reducer, compressors)``: one compressor per communicator, the allreduce functions
         the reducer runs (their ``stats`` count the bytes sent).
     """

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from longboat.collective import compile as compiling
 from longboat.collective.amp import Amp
 from longboat.collective.consistency import broadcast_state
 from longboat.collective.plan import CollectivePlan
@@ -23,6 +24,8 @@ class DistributedModel(nn.Module):
     (``gradient_merge_configs.k_steps = k``) counts training forwards: only every k-th
     backward communicates. ``no_sync()`` turns communication off for the backward passes
     of forwards run inside it; their gradients accumulate locally until the next synced one.
+    ``compile(...)`` compiles the module with ``torch.compile``'s arguments, keeping overlap
+    (`longboat.collective.compile`); this wrapper's own forward always runs eagerly.
     """
 
     def __init__(
@@ -53,7 +56,16 @@ class DistributedModel(nn.Module):
         self.micro_step = 0
         self._no_sync = False
         self._index = {id(p): i for i, p in enumerate(reducer.params)}
+        self._call_module: Callable[..., Any] = module.__call__  # compile() may point it on
+        self.splitter: compiling.BucketSplitter | None = None  # set by compile()
+        self._compile_warned = False
 
+    def compile(self, **torch_compile_kwargs: Any) -> None:  # type: ignore[override]
+        """``torch.compile`` the module in place, cut at the reducer's buckets so that they
+        launch during the compiled backward (`longboat.collective.compile.compile_model`)."""
+        compiling.compile_model(self, **torch_compile_kwargs)
+
+    @torch.compiler.disable(recursive=False)  # the module under it may be compiled
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         training = self.training and torch.is_grad_enabled()
         if not training:
@@ -72,6 +84,10 @@ class DistributedModel(nn.Module):
         if observer is not None:
             observer.forward_begin()
         output = self._run(args, kwargs)
+        if sync and not self._compile_warned and self.splitter is None:
+            self._compile_warned = compiling.compiled_elsewhere(output)
+            if self._compile_warned:
+                compiling.warn_compiled_elsewhere()
         if observer is not None:
             observer.forward_end(output)
         if self.amp is not None:
@@ -89,9 +105,9 @@ class DistributedModel(nn.Module):
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
         if self.amp is None:
-            return self.module(*args, **kwargs)
+            return self._call_module(*args, **kwargs)
         with self.amp.autocast():
-            return self.module(*args, **kwargs)
+            return self._call_module(*args, **kwargs)
 
     def bytes_sent(self) -> int:
         """Gradient bytes this rank has sent so far (the difference across a step: per step).
@@ -106,6 +122,15 @@ class DistributedModel(nn.Module):
 
             sent += ring_bytes(self.local_sgd.bytes_communicated, self.reducer.world_size)
         return sent
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` of the reduced gradients; under sharding stage 2,
+        where each rank holds a slice of them, the norm is taken over every rank's slices.
+        Call it between backward and ``optimizer.step()``, on every rank."""
+        clip = getattr(self.reducer, "clip_grad_norm_", None)  # sharding's reducer
+        if clip is not None:
+            return clip(max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(self.reducer.params, max_norm, norm_type)
 
     def is_merge_boundary(self) -> bool:
         """True when the current micro step completes a gradient-merge cycle."""
@@ -123,15 +148,6 @@ class DistributedModel(nn.Module):
     def _unreachable(self, output: Any) -> list[int]:
         """Indices of parameters the autograd graph of ``output`` does not reach."""
         reached: set[int] = set()
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """``torch.nn.utils.clip_grad_norm_`` of the reduced gradients; under sharding stage 2,
-        where each rank holds a slice of them, the norm is taken over every rank's slices.
-        Call it between backward and ``optimizer.step()``, on every rank."""
-        clip = getattr(self.reducer, "clip_grad_norm_", None)  # sharding's reducer
-        if clip is not None:
-            return clip(max_norm, norm_type)
-        return torch.nn.utils.clip_grad_norm_(self.reducer.params, max_norm, norm_type)
-
         seen: set[Any] = set()
         stack = [
             t.grad_fn for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.grad_fn

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from longboat.collective.buckets import BucketPlan, assign_communicators
+from longboat.collective.compile import refuse_compiled_autograd
 from longboat.collective.usage import PendingCounts, UsageMarks, read_counts, reads_block
 from longboat.comm.algorithms import AllreduceFn, Handle
 from longboat.comm.handles import wait_for
@@ -233,6 +234,7 @@ class Reducer:
                 "checkpointing (use_reentrant=False)."
             )
         if not self._callback_queued:
+            refuse_compiled_autograd()  # once per backward
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
         self._fill(i)
@@ -290,13 +292,13 @@ class Reducer:
         if self._flags_handle_separate and last:
             self._flags_handle = self._flag_fns[bucket.comm](self._flags)
 
-    def flush(self) -> None:
-        """Reduce now, outside backward, and write the averaged gradients to ``.grad``.
     def _collective(self, bucket: _Bucket) -> Handle:
         """Start the bucket's reduction: the allreduce of its buffer on its communicator
         (sharding's reducer reduce-scatters it instead)."""
         return self._fns[bucket.comm](bucket.buffer)
 
+    def flush(self) -> None:
+        """Reduce now, outside backward, and write the averaged gradients to ``.grad``.
 
         Every gradient not yet in its bucket is taken from its parameter's current ``.grad``
         (zeros where that is None), every bucket is launched and waited for, and each
@@ -338,12 +340,12 @@ class Reducer:
             if self.observer is not None:
                 self.observer.synced()
 
-    @property
-    def last_finite(self) -> bool:
     def _finite_flag(self) -> torch.Tensor:
         """On the device: are the reduced buckets free of inf/NaN?"""
         return torch.stack([torch.isfinite(b.buffer[: b.numel]).all() for b in self._buckets]).all()
 
+    @property
+    def last_finite(self) -> bool:
         """AMP: were the last reduced gradients free of inf/NaN on every rank?
 
         The check runs on the device at the end of backward; this read is the one host
