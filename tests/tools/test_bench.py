@@ -74,6 +74,20 @@ def test_bench_train_end_to_end(tmp_path: Path) -> None:
     assert "samples/s" in out.stdout
 
 
+@pytest.mark.slow  # compiles four systems on two ranks: the slow tier
+def test_bench_train_compiled_end_to_end(tmp_path: Path) -> None:
+    out = _longboat(
+        "train", "--compile", "--model", "mlp-tiny", "--nproc", "2", "--warmup", "1",
+        "--steps", "2", "--rounds", "2", "--json", str(tmp_path / "t.json"), "--markdown",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "t.json").read_text())["results"]["mlp-tiny"]
+    assert [(r["system"], r["compiled"]) for r in rows] == [("longboat", True), ("ddp", True)]
+    assert all(r["longboat_over_ddp"] > 0 and r["longboat_over_no_sync"] > 0 for r in rows)
+    assert "| mlp-tiny (compiled) | longboat | 2 |" in out.stdout
+    assert "overlap" not in out.stderr  # lb.compile's model does not warn about lost overlap
+
+
 def test_summary_speedup_and_input_bound_flag() -> None:
     raw = {
         1: {"params": 1, "batch_per_rank": 10, "world_size": 1,

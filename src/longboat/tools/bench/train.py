@@ -16,6 +16,9 @@ no-sync baselines run under the same ``torch.autocast`` (and a GradScaler for fl
 system does the same arithmetic. The no-sync row is the plain training loop. DDP runs twice: at
 its defaults, and "lean" (``broadcast_buffers=False, gradient_as_bucket_view=True``, what its
 docs suggest for speed, and what longboat does by default); each ratio is paired round by round.
+With ``--compile`` every system runs compiled: longboat through ``lb.compile`` (its graph cut at
+longboat's buckets), DDP and the no-sync floor through ``torch.compile`` (DDP's graph cut at its
+own buckets by torch), so the ratios compare compiled steps with compiled steps.
 """
 
 from __future__ import annotations
@@ -271,6 +274,7 @@ class Config:
     workers: int
     strategy: dict[str, Any]
     device: str = "cpu"  # "cpu" or "cuda" (one GPU per rank)
+    compile: bool = False  # every system under torch.compile (longboat's through lb.compile)
 
 
 def _batches(
@@ -404,11 +408,13 @@ def rank_main(config: Config) -> dict[str, Any] | None:
 
     def baseline(model: nn.Module, opt: torch.optim.Optimizer) -> System:
         scaler = torch.amp.GradScaler(device.type) if scaled else None
-        return System(model, opt, amp, scaler)
+        return System(torch.compile(model) if config.compile else model, opt, amp, scaler)
 
     systems: dict[str, System] = {}
     ours, opt = _build(spec, device)
     model, opt = lb.distribute(ours, opt, lb.Strategy(**config.strategy))
+    if config.compile:
+        lb.compile(model)
     systems["longboat"] = System(model, opt)
     theirs, opt = _build(spec, device)
     ids = [device.index] if device.type == "cuda" else None
@@ -441,6 +447,7 @@ def rank_main(config: Config) -> dict[str, Any] | None:
         "batch_per_rank": spec.batch,
         "world_size": lb.world_size(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "compiled": config.compile,
         **out,
     }
 
@@ -486,6 +493,7 @@ def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
                     "longboat_over_no_sync_p25_p75": list(over_plain[1]) if over_plain else None,
                     "params": r["params"],
                     "device": r.get("device", "cpu"),
+                    "compiled": r.get("compiled", False),
                     "batch_per_rank": r["batch_per_rank"],
                     "rounds": len(r[system]["step_s"]),
                 }
@@ -512,12 +520,17 @@ def _ratio(value: float | None, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _label(model: str, rows: Sequence[dict[str, Any]]) -> str:
+    """The model's name, marked when every system ran compiled."""
+    return f"{model} (compiled)" if rows and rows[0].get("compiled") else model
+
+
 def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(
-        title=f"bench train: {model} ({rows[0]['params'] / 1e6:.2f} M params, batch {rows[0]['batch_per_rank']}/rank, {rows[0].get('device', 'cpu')})"
+        title=f"bench train: {_label(model, rows)} ({rows[0]['params'] / 1e6:.2f} M params, batch {rows[0]['batch_per_rank']}/rank, {rows[0].get('device', 'cpu')})"
     )  # noqa: E501
     for column in (
         "system",
@@ -555,10 +568,11 @@ def markdown(model: str, rows: Sequence[dict[str, Any]]) -> str:
         "| model | system | ranks | step ms | samples/s | speedup | efficiency | input wait | longboat/DDP | longboat/DDP lean | no-sync/DDP |",  # noqa: E501
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    label = _label(model, rows)
     for r in rows:
         flag = " (input-bound)" if r["input_bound"] else ""
         lines.append(
-            f"| {model} | {r['system']} | {r['nproc']} | {r['step_ms']:.2f} | {r['samples_per_s']:.1f} "
+            f"| {label} | {r['system']} | {r['nproc']} | {r['step_ms']:.2f} | {r['samples_per_s']:.1f} "
             f"| {_ratio(r['speedup'], '{:.2f}x')} | {_ratio(r['efficiency'], '{:.0%}')} "
             f"| {r['data_fraction']:.0%}{flag} "
             f"| {r['longboat_over_ddp']:.3f} | {_ratio(r.get('longboat_over_ddp_lean'), '{:.3f}')} "
@@ -637,6 +651,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="cpu",
         help="cpu (Gloo) or cuda (one GPU per rank, NCCL; --nproc at most the GPUs seen)",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run every system under torch.compile: longboat through lb.compile (cut at its "
+        "buckets), DDP and no-sync through torch.compile",
+    )
     p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     p.add_argument("--png", default=None, metavar="FILE", help="also plot samples/s vs ranks")
     p.add_argument("--markdown", action="store_true", help="print Markdown tables")
@@ -690,6 +710,7 @@ def run(args: argparse.Namespace) -> int:
                 args.workers,
                 fields,
                 args.device,
+                args.compile,
             )
             rows = run_model(config, nprocs, done)
             if rows:  # none on a non-zero rank under a launcher
