@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+import longboat.cluster as cluster
 from longboat.collective.plan import CollectivePlan, Placement, resolve
 from longboat.comm import algorithms
 from longboat.comm.algorithms import AllreduceFn
@@ -80,6 +81,8 @@ def ddp_comm_hook(
         raise ValueError(f"a DDP communication hook reduces gradients: mode={strategy.mode!r}")
     from longboat.collective.engine import live_placement
 
+    if not cluster.is_initialized():  # accelerate & co. created the group: adopt it
+        cluster.init(strategy)
     group = group if group is not None else dist.group.WORLD
     spans_world = dist.get_world_size(group) == dist.get_world_size()
     placement = live_placement()

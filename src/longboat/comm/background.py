@@ -13,8 +13,10 @@ stream is ordered after the work, not merely after the worker returned on the ho
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -25,6 +27,18 @@ from longboat.comm.handles import FutureHandle
 from longboat.comm.streams import Handoff, WorkerStreams
 
 _STOP = object()
+#: a worker still alive when the interpreter exits aborts the process ("terminate called
+#: without an active exception"): every live one is stopped at exit, whoever forgot to
+_EXIT_JOIN_S = 5.0
+_LIVE: weakref.WeakSet[BackgroundAllreduce] = weakref.WeakSet()
+
+
+def _stop_all() -> None:
+    for worker in list(_LIVE):
+        worker.close(timeout=_EXIT_JOIN_S)
+
+
+atexit.register(_stop_all)
 
 
 class BackgroundAllreduce:
@@ -35,6 +49,7 @@ class BackgroundAllreduce:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"longboat-{name}", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     def __call__(
         self, tensor: torch.Tensor, fn: Callable[[torch.Tensor], None] | None = None
@@ -44,10 +59,13 @@ class BackgroundAllreduce:
         self._queue.put((tensor, fn or self._fn, handoff))
         return handoff.future
 
-    def close(self) -> None:
-        """Finish queued work, then stop the worker thread."""
-        self._queue.put(_STOP)
-        self._thread.join()
+    def close(self, timeout: float | None = None) -> None:
+        """Finish queued work, then stop the worker thread (waiting at most ``timeout`` s: a
+        worker stuck in a collective with a dead peer is left behind). Safe to call twice."""
+        _LIVE.discard(self)
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         streams = WorkerStreams()

@@ -466,9 +466,9 @@ class ShmAllreduce(BackgroundAllreduce):
         self.comm = comm
         super().__init__(comm.allreduce, "shm")
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Finish queued work, stop the worker, remove this rank's segment."""
-        super().close()
+        super().close(timeout)
         self.comm.close()
 
 
