@@ -65,6 +65,19 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "local sgd k=2": ({"localsgd": True, "localsgd_configs": {"k_steps": 2}}, "single"),
     "sync batch norm": ({"sync_batch_norm": True}, "single"),
+    # sharding over shard groups of one rank, averaged across the 4: each virtual rank owns the
+    # whole slice, so its all-gather and the reduce-scatter then replica sum are exact here
+    **{
+        f"sharding stage {stage}": (
+            {
+                "sharding": True,
+                "sharding_configs": {"stage": stage, "sharding_degree": 1},
+                "fuse_grad_size_in_MB": 0.05,
+            },
+            "single",
+        )
+        for stage in (1, 2)
+    },
 }
 CONTROL = "elastic control flags"  # State.sync, its digests, any_rank: not a training run
 #: the defect the harness exists to catch, put back on purpose: it must fail on a GPU

@@ -219,6 +219,45 @@ def _state_dicts(rank: int) -> dict[str, Any]:
     return {"saved": saved, "resumed": params_of(model2)}
 
 
+def _record_full_buckets() -> list[Any]:
+    """Weak references to every full bucket stage 2 packs from now on (in this process)."""
+    import weakref
+
+    from longboat.collective.sharding.reducer import ShardedReducer
+
+    packed: list[Any] = []
+    pack = ShardedReducer._pack
+
+    def recording_pack(self: ShardedReducer, bucket: Any) -> None:
+        pack(self, bucket)
+        packed.append(weakref.ref(bucket.buffer))
+
+    ShardedReducer._pack = recording_pack  # type: ignore[method-assign]
+    return packed
+
+
+def _virtual_full_buckets(rank: int, world: int) -> dict[str, torch.Tensor]:
+    """Stage 2 over the lagging test backend (4 virtual ranks, futures that hold their
+    tensors, as NCCL's do): full buckets alive after each step."""
+    import longboat as lb
+    from tests import _lagging_harness as harness
+
+    packed = _record_full_buckets()
+    alive = []
+    with harness.virtual_world(torch.device("cpu")):
+        model, optimizer = harness._model("sharding", torch.device("cpu"))
+        strategy = lb.Strategy(allreduce_algorithm="native", fuse_grad_size_in_MB=0.05)
+        strategy.sharding, strategy.sharding_configs = True, {"stage": 2}
+        dmodel, dopt = lb.distribute(model, optimizer, strategy)
+        x, y = harness._data(2)
+        for i in range(2):
+            dopt.zero_grad()
+            F.cross_entropy(dmodel(x[i]), y[i]).backward()
+            dopt.step()
+            alive.append(sum(r() is not None for r in packed))
+    return {"alive": torch.tensor(alive), "packed": torch.tensor([len(packed)])}
+
+
 def _memory(rank: int) -> dict[str, torch.Tensor]:
     """Bytes per rank after two Adam steps, without sharding and at stage 1 and 2."""
     import longboat as lb
@@ -226,6 +265,7 @@ def _memory(rank: int) -> dict[str, torch.Tensor]:
 
     cfg = _cfg("adam")
     out = {}
+    packed = _record_full_buckets()
     for stage in (None, 1, 2):
         model = build_model(cfg, seed=0)
         dmodel, dopt = lb.distribute(model, _optimizer("adam", model), _strategy(stage))
@@ -234,6 +274,8 @@ def _memory(rank: int) -> dict[str, torch.Tensor]:
             dopt.zero_grad()
             F.cross_entropy(dmodel(shard(x[i], rank, WORLD)), shard(y[i], rank, WORLD)).backward()
             dopt.step()
+        if stage == 2:  # the last backward's full buckets are gone after it
+            out["full buckets alive"] = torch.tensor([sum(r() is not None for r in packed)])
         report = memory_report(dmodel, dopt)
         buckets = [b.numel() * b.element_size() for b, _ in dmodel.reducer.bucket_layouts()]
         if stage == 2:
@@ -448,6 +490,8 @@ def test_memory_per_rank_shrinks_with_the_stage(runs):
         # stage 1 keeps the full buckets and its slice; stage 2 its slices only
         assert grads1 >= full_grads
         assert grads2 <= full_grads / WORLD + bucket2, (rank, grads2, full_grads)
+        # nothing (a collective's handle, a view) keeps a full bucket alive past backward
+        assert m["full buckets alive"].item() == 0
 
 
 # -- refusals ---------------------------------------------------------------------------------
@@ -459,3 +503,9 @@ def test_refusals_name_the_field_and_the_way_out(runs):
         assert "LBFGS" in refused["lbfgs"] and "Adam" in refused["lbfgs"]
         assert "sharding_degree" in refused["degree3"] and "divide" in refused["degree3"]
         assert "pass the optimizer" in refused["no-optimizer"]
+
+
+def test_stage2_releases_the_full_buckets_after_backward():
+    (result,) = run_ranks(_virtual_full_buckets, 1, timeout=120)
+    assert result["packed"].item() > 2  # several buckets per backward were packed
+    assert result["alive"].tolist() == [0, 0]

@@ -108,6 +108,8 @@ class ShardedReducer(Reducer):
             self._release(bucket)
 
     def _release(self, bucket: _Bucket) -> None:
+        """Drop the full buffer: its handle (which holds it) and every view of it."""
+        bucket.handle = None
         bucket.buffer = bucket.buffer.new_empty(0)
         for i in bucket.members:
             self._slots[i] = bucket.buffer  # replaced by the next _pack
