@@ -509,3 +509,16 @@ def test_stage2_releases_the_full_buckets_after_backward():
     (result,) = run_ranks(_virtual_full_buckets, 1, timeout=120)
     assert result["packed"].item() > 2  # several buckets per backward were packed
     assert result["alive"].tolist() == [0, 0]
+
+
+def test_elastic_rebuild_refuses_sharding():
+    import types
+
+    import longboat as lb
+    from longboat.collective.plan import Placement, resolve
+    from longboat.collective.rebuild import RebuildError, check_rebuildable
+
+    plan = resolve(lb.Strategy(sharding=True), Placement.of([0, 0], "gloo"))
+    assert plan.sharding is not None and plan.sharding.stage == 1
+    with pytest.raises(RebuildError, match="set sharding=False"):
+        check_rebuildable(types.SimpleNamespace(plan=plan, tuner=None))  # type: ignore[arg-type]

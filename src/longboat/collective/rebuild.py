@@ -23,6 +23,12 @@ def check_rebuildable(model: DistributedModel) -> None:
             "Strategy(auto=True) times reducers for one world; elastic training needs fixed "
             "settings: set auto=False and the fields the tuner chose (longboat bench comm)"
         )
+    if plan.sharding is not None:
+        raise RebuildError(
+            "sharding lays the optimizer state out over this world's ranks; elastic training "
+            "needs the full state on every rank: set sharding=False, or restart the job from "
+            "a checkpoint (optimizer.state_dict() is gathered into the unsharded layout)"
+        )
     if plan.compression.name == "dgc":
         raise RebuildError(
             "DGC keeps residuals and momentum per rank, which a new world cannot take over; "
