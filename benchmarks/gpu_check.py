@@ -21,6 +21,8 @@ prints how long each part took (run ``--parts ordering`` first on a short device
 * ``syncs``: world-size-1 NCCL training steps under ``torch.cuda.set_sync_debug_mode``:
   ``error`` for settings that must never make the host wait for the GPU, and a count of
   warnings (at most one per step) for float16 loss scaling and find_unused_parameters.
+* ``compile``: ``model.compile()`` (inductor, cut at longboat's buckets) against eager training
+  at world size 1 on NCCL, and its steady-state steps under sync debug mode ``error``.
 * ``overhead``: ``longboat bench train --device cuda --nproc 1`` on a ResNet-50-sized CNN and
   a GPT-2-small-sized transformer, fp32 and bf16 AMP: longboat against the plain loop, torch
   DDP at its defaults and DDP with ``broadcast_buffers=False, gradient_as_bucket_view=True``,
@@ -58,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 from tests import _lagging_harness as lagging  # noqa: E402 - after the path tweak
 from tests._dist import run_ranks  # noqa: E402
 
-PARTS = ("ordering", "equivalence", "syncs", "overhead", "launcher", "tests")
+PARTS = ("ordering", "equivalence", "syncs", "compile", "overhead", "launcher", "tests")
 STEPS = 6
 GLOBAL_BATCH = 32
 IN, CLASSES = lagging.IN, lagging.CLASSES
@@ -426,6 +428,68 @@ def check_overhead(rows: list[Row], out: Path | None, quick: bool) -> None:
                 f.write(json.dumps({"model": model, "precision": label, "rows": result}) + "\n")
 
 
+# ---- torch.compile cut at the buckets ------------------------------------------------------------
+
+
+def _compile_rank(rank: int, world: int) -> dict[str, Any]:
+    """World-size-1 NCCL on CUDA: an 8-layer MLP trained eagerly and through ``model.compile()``
+    (inductor, cut at 1 MB buckets) from the same start; then 2 compiled steps under
+    ``torch.cuda.set_sync_debug_mode("error")``."""
+    import longboat as lb
+
+    lb.init()
+    device = torch.device("cuda", 0)
+    out: dict[str, Any] = {}
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(6, 64, 512, generator=g).to(device)
+    ys = torch.randint(0, 10, (6, 64), generator=g).to(device)
+    for how in ("eager", "compiled"):
+        torch.manual_seed(0)
+        layers = [m for _ in range(7) for m in (torch.nn.Linear(512, 512), torch.nn.GELU())]
+        module = torch.nn.Sequential(*layers, torch.nn.Linear(512, 10)).to(device)
+        opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+        model, opt = lb.distribute(module, opt, lb.Strategy(fuse_grad_size_in_MB=1))
+        if how == "compiled":
+            model.compile()
+        for i in range(4):
+            opt.zero_grad()
+            F.cross_entropy(model(xs[i]), ys[i]).backward()
+            opt.step()
+        out[how] = [p.detach().to("cpu", copy=True) for p in module.parameters()]
+        if how == "compiled":
+            out["pieces"] = [sorted(p) for p in model.splitter.splits[-1]]
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                for i in range(4, 6):
+                    opt.zero_grad()
+                    F.cross_entropy(model(xs[i]), ys[i]).backward()
+                    opt.step()
+                out["syncs"] = "none"
+            except RuntimeError as exc:
+                out["syncs"] = str(exc)[:200]
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    return out
+
+
+def check_compile(rows: list[Row]) -> None:
+    (r,) = run_ranks(_compile_rank, 1, timeout=300, env={"LONGBOAT_BACKEND": "nccl"})
+    diff = max((a - b).abs().max().item() for a, b in zip(r["eager"], r["compiled"], strict=True))
+    rows.append(
+        Row(
+            "compile",
+            "model.compile() vs eager, 4 SGD steps",
+            diff <= 1e-4 and len(r["pieces"]) > 1,
+            f"max diff {diff:.1e} (tol 1e-4)",
+            f"{len(r['pieces'])} compiled pieces, buckets {r['pieces']}",
+        )
+    )
+    rows.append(
+        Row("compile", "host syncs, compiled steps", r["syncs"] == "none", r["syncs"], "")
+    )
+
+
 # ---- launcher and tests ------------------------------------------------------------------------------
 
 _RANK_SCRIPT = """
@@ -534,6 +598,7 @@ def main() -> int:
         "ordering": lambda: check_ordering(rows),
         "equivalence": lambda: check_equivalence(rows),
         "syncs": lambda: check_syncs(rows),
+        "compile": lambda: check_compile(rows),
         "overhead": lambda: check_overhead(rows, out, args.quick),
         "launcher": lambda: check_launcher(rows),
         "tests": lambda: check_tests(rows),
