@@ -3,9 +3,9 @@
 Every reducer bucket (a flat buffer of its parameters' elements, `longboat.collective.buckets`)
 is cut into ``degree`` equal slices of ``ceil(numel / degree)`` elements, the last one padded:
 rank ``i`` of a shard group owns slice ``i``. Shards are balanced to the element, and a
-parameter may be split across ranks. A slice is cut at parameter boundaries into pieces; runs
-of consecutive pieces in one param group of the user's optimizer become one flat shard
-parameter of the optimizer that steps them.
+parameter may be split across ranks. A slice is cut at parameter boundaries into pieces; each
+piece of a parameter the user's optimizer holds becomes one flat shard parameter (a view of
+the parameter's own elements) of the optimizer that steps this rank's slices.
 """
 
 from __future__ import annotations
@@ -26,20 +26,12 @@ class Piece:
     start: int
     stop: int
     at: int
+    group: int | None
+    """The param group of the user's optimizer that holds the parameter (None: none)."""
 
     @property
     def numel(self) -> int:
         return self.stop - self.start
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """Consecutive pieces of one param group: elements ``[start, stop)`` of the slice."""
-
-    group: int
-    start: int
-    stop: int
-    pieces: tuple[Piece, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +48,6 @@ class BucketShard:
     members: tuple[tuple[int, int], ...]
     """``(param, offset in the bucket)`` of every parameter of the bucket."""
     pieces: tuple[Piece, ...]
-    runs: tuple[Run, ...]
-    """The pieces in a param group of the optimizer (the others are only gathered)."""
     dtype: torch.dtype
     device: torch.device
 
@@ -93,7 +83,7 @@ class ShardLayout:
             for i, off in zip(members, offsets, strict=True):
                 start, stop = max(lo, off), min(hi, off + params[i].numel())
                 if start < stop:
-                    pieces.append(Piece(i, start - off, stop - off, start - lo))
+                    pieces.append(Piece(i, start - off, stop - off, start - lo, group_of[i]))
             first = params[members[0]]
             shards.append(
                 BucketShard(
@@ -104,7 +94,6 @@ class ShardLayout:
                     hi=hi,
                     members=tuple(zip(members, offsets, strict=True)),
                     pieces=tuple(pieces),
-                    runs=_runs(pieces, group_of),
                     dtype=first.dtype,
                     device=first.device,
                 )
@@ -116,28 +105,9 @@ class ShardLayout:
         """Elements this rank owns over all buckets."""
         return sum(b.hi - b.lo for b in self.buckets)
 
-
-def _runs(pieces: list[Piece], group_of: Sequence[int | None]) -> tuple[Run, ...]:
-    runs: list[Run] = []
-    current: list[Piece] = []
-
-    def close() -> None:
-        if current:
-            group = group_of[current[0].param]
-            assert group is not None
-            runs.append(
-                Run(group, current[0].at, current[-1].at + current[-1].numel, tuple(current))
-            )
-        current.clear()
-
-    for piece in pieces:
-        group = group_of[piece.param]
-        if current and (group != group_of[current[0].param] or group is None):
-            close()
-        if group is not None:
-            current.append(piece)
-    close()
-    return tuple(runs)
+    def stepped(self) -> list[tuple[BucketShard, Piece]]:
+        """The pieces the optimizer steps (those of its parameters), in bucket order."""
+        return [(s, p) for s in self.buckets for p in s.pieces if p.group is not None]
 
 
 def flat_view(t: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,6 @@ class MemoryReport:
     gradient_bytes: int
     """Bucket buffers, reduced slices, ``.grad`` tensors outside them."""
     parameter_bytes: int
-    """The parameters and, under sharding, this rank's flat copy of its slices."""
     device_allocated_bytes: int | None
     """``torch.cuda.memory_allocated`` on a GPU; None on the CPU."""
 
@@ -57,15 +56,13 @@ def memory_report(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
     if reducer is not None:
         grads += [buffer for buffer, _ in reducer.bucket_layouts()]
         grads += list(getattr(reducer, "grad_shards", []))
-    extra_params: list[torch.Tensor] = []
-    if sharded is not None:
-        grads += list(sharded.grad_staging)  # type: ignore[attr-defined]
-        extra_params = list(sharded.param_shards)  # type: ignore[attr-defined]
+    if sharded is not None:  # zeros standing in for a missing .grad (stage 1)
+        grads += [p.grad for p in sharded.shard_params if p.grad is not None]  # type: ignore[attr-defined]
     device = params[0].device if params else torch.device("cpu")
     allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     return MemoryReport(
         optimizer_state_bytes=storage_bytes(state),
         gradient_bytes=storage_bytes(grads),
-        parameter_bytes=storage_bytes(params + extra_params),
+        parameter_bytes=storage_bytes(params),
         device_allocated_bytes=allocated,
     )

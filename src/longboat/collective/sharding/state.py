@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from longboat.collective.sharding.layout import flat_view
+from longboat.collective.sharding.layout import Piece, flat_view
 from longboat.comm.handles import wait_for
 
 if TYPE_CHECKING:
@@ -56,6 +56,9 @@ def gather_state_dict(step: ShardedStep) -> dict[str, Any]:
         {k for info in keys.values() for k, v in info.items() if isinstance(v, torch.dtype)}
     )
     group_of = _group_of_params(step)
+    pieces: dict[int, list[tuple[Piece, torch.Tensor]]] = {}
+    for (s, piece), p in zip(step.pieces, step.shard_params, strict=True):
+        pieces.setdefault(s.index, []).append((piece, p))
     full_state: dict[int, dict[str, Any]] = {}
     for s in step.layout.buckets:
         for key in shaped:
@@ -63,10 +66,10 @@ def gather_state_dict(step: ShardedStep) -> dict[str, Any]:
                 info[key] for info in keys.values() if isinstance(info.get(key), torch.dtype)
             )
             local = torch.zeros(s.shard_numel, dtype=dtype, device=s.device)
-            for run, p in zip(s.runs, step.shard_params[s.index], strict=True):
+            for piece, p in pieces.get(s.index, []):
                 state = step.optimizer.state.get(p) if step.optimizer is not None else None
                 if state and key in state:
-                    local[run.start : run.stop].copy_(state[key])
+                    local[piece.at : piece.at + piece.numel].copy_(state[key])
             full = torch.empty(s.shard_numel * step.groups.degree, dtype=dtype, device=s.device)
             wait_for(step.groups.all_gather(full, local))
             for i, off in s.members:
@@ -116,29 +119,19 @@ def load_gathered_state_dict(step: ShardedStep, state_dict: dict[str, Any]) -> N
     if step.optimizer is None:
         return
     step.optimizer.state.clear()
-    for s in step.layout.buckets:
-        for run, shard_param in zip(s.runs, step.shard_params[s.index], strict=True):
-            states = [saved_of[piece.param] for piece in run.pieces]
-            if not any(states):
+    for (_, piece), shard_param in zip(step.pieces, step.shard_params, strict=True):
+        saved = saved_of[piece.param]
+        if not saved:
+            continue
+        loaded: dict[str, Any] = {}
+        for key, value in saved.items():
+            if not _shaped(value):
+                loaded[key] = value.clone() if torch.is_tensor(value) else value
                 continue
-            if not all(states):
-                raise ValueError(
-                    "loaded state dict has state for some parameters of a param group and "
-                    "none for others: save it after a step of every parameter"
-                )
-            first = states[0]
-            loaded: dict[str, Any] = {}
-            for key, value in first.items():
-                if not _shaped(value):
-                    loaded[key] = value.clone() if torch.is_tensor(value) else value
-                    continue
-                parts = [
-                    _flat_like(state[key], step.params[piece.param])[piece.start : piece.stop]
-                    for piece, state in zip(run.pieces, states, strict=True)
-                ]
-                dtype = shard_param.dtype if value.is_floating_point() else value.dtype
-                loaded[key] = torch.cat(parts).to(device=shard_param.device, dtype=dtype)
-            step.optimizer.state[shard_param] = loaded
+            part = _flat_like(value, step.params[piece.param])[piece.start : piece.stop]
+            dtype = shard_param.dtype if value.is_floating_point() else value.dtype
+            loaded[key] = part.to(device=shard_param.device, dtype=dtype, copy=True)
+        step.optimizer.state[shard_param] = loaded
 
 
 def _flat_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:

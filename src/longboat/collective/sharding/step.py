@@ -3,10 +3,11 @@ updated parameters are all-gathered (sharding stage 1 and 2).
 
 The user's optimizer keeps its ``param_groups`` (LR schedulers change them as usual) and never
 steps itself: `ShardedStep` builds an optimizer of the same class and defaults over one flat
-shard parameter per run of the layout (`longboat.collective.sharding.layout`), with one param
-group per user group, and copies each group's hyper-parameters into it at every step. Its
-gradients are this rank's slice of the reduced gradients: copied from ``.grad`` (stage 1) or
-the reducer's reduce-scattered slices themselves (stage 2).
+shard parameter per piece of the layout (`longboat.collective.sharding.layout`): a view of the
+parameter's own elements, so the step updates them in place and no copy of the parameters is
+kept. It has one param group per user group, whose hyper-parameters are copied into it at
+every step. Its gradients are views of this rank's slice of the reduced gradients: of
+``.grad`` (stage 1) or of the reducer's reduce-scattered slices (stage 2).
 """
 
 from __future__ import annotations
@@ -81,13 +82,10 @@ class ShardedStep(Stage):
         buckets = [[index[n] for n in names] for names in model.reducer.bucket_members()]
         self.layout = ShardLayout.build(params, buckets, group_of, groups.degree, groups.index)
         self._flat = [flat_view(p.detach()) for p in params]
-        self.param_shards = [_zeros(s, s.shard_numel) for s in self.layout.buckets]
-        self.grad_staging = (
-            [_zeros(s, s.shard_numel) for s in self.layout.buckets] if stage == 1 else []
-        )
-        self.shard_params: list[list[nn.Parameter]] = [
-            [nn.Parameter(self.param_shards[s.index][r.start : r.stop]) for r in s.runs]
-            for s in self.layout.buckets
+        self.pieces = self.layout.stepped()
+        self.shard_params = [
+            nn.Parameter(self._flat[piece.param][piece.start : piece.stop])
+            for _, piece in self.pieces
         ]
         self.optimizer, self.group_map = self._build_optimizer()
         self._grads_of: object = None  # the reducer whose slices the shard grads view
@@ -98,9 +96,9 @@ class ShardedStep(Stage):
         """The user's class and defaults over the shard parameters, one group per user group
         with shards here; ``(user group, shard group)`` pairs. None when this rank owns none."""
         by_group: dict[int, list[nn.Parameter]] = collections.defaultdict(list)
-        for shard, shard_params in zip(self.layout.buckets, self.shard_params, strict=True):
-            for run, p in zip(shard.runs, shard_params, strict=True):
-                by_group[run.group].append(p)
+        for (_, piece), p in zip(self.pieces, self.shard_params, strict=True):
+            assert piece.group is not None
+            by_group[piece.group].append(p)
         order = sorted(by_group)
         if not order:
             return None, []
@@ -120,7 +118,6 @@ class ShardedStep(Stage):
             with torch.enable_grad():
                 loss = closure()
         with torch.no_grad():
-            self._load_params()
             self._load_grads()
             if self.optimizer is not None:
                 self.sync_hparams()
@@ -134,45 +131,22 @@ class ShardedStep(Stage):
         for user, shard in self.group_map:
             self.optimizer.param_groups[shard].update(_hparams(self.user.param_groups[user]))
 
-    def _load_params(self) -> None:
-        """This rank's slices of the parameters, as they are now, into the shard parameters."""
-        dst, src = [], []
-        for s in self.layout.buckets:
-            for piece in s.pieces:
-                dst.append(self.param_shards[s.index][piece.at : piece.at + piece.numel])
-                src.append(self._flat[piece.param][piece.start : piece.stop])
-        if dst:
-            torch._foreach_copy_(dst, src)
-
     def _load_grads(self) -> None:
         """Point each shard parameter's ``.grad`` at its slice of the reduced gradients."""
         if self.stage == 2:
             reducer = self.model.reducer
-            if self._grads_of is not reducer:
-                self._view_grads(reducer.grad_shards)
+            if self._grads_of is not reducer:  # the slices persist: views made once
+                for (s, piece), p in zip(self.pieces, self.shard_params, strict=True):
+                    p.grad = reducer.grad_shards[s.index][piece.at : piece.at + piece.numel]
                 self._grads_of = reducer
             return
-        dst, src = [], []
-        for s in self.layout.buckets:
-            staging = self.grad_staging[s.index]
-            for piece in s.pieces:
-                slot = staging[piece.at : piece.at + piece.numel]
-                grad = self.params[piece.param].grad
-                if grad is None:
-                    slot.zero_()
-                else:
-                    dst.append(slot)
-                    src.append(_flat_grad(grad, self.params[piece.param])[piece.start : piece.stop])
-        if dst:
-            torch._foreach_copy_(dst, src)
-        if self._grads_of is None:
-            self._view_grads(self.grad_staging)
-            self._grads_of = self.grad_staging
-
-    def _view_grads(self, slices: list[torch.Tensor]) -> None:
-        for s, shard_params in zip(self.layout.buckets, self.shard_params, strict=True):
-            for run, p in zip(s.runs, shard_params, strict=True):
-                p.grad = slices[s.index][run.start : run.stop]
+        for (_, piece), p in zip(self.pieces, self.shard_params, strict=True):
+            param = self.params[piece.param]
+            grad = param.grad
+            if grad is None:  # no gradient this step: zeros, as a flat shard cannot skip
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad = _flat_grad(grad, param)[piece.start : piece.stop]
 
     def _gather(self) -> None:
         """All-gather the updated shards bucket by bucket (``GATHER_WINDOW`` in flight) and
@@ -180,18 +154,31 @@ class ShardedStep(Stage):
         pending: collections.deque = collections.deque()
         degree = self.groups.degree
         for s in self.layout.buckets:
+            mine = torch.empty(s.shard_numel, dtype=s.dtype, device=s.device)
+            mine[s.hi - s.lo :].zero_()
+            if s.pieces:
+                torch._foreach_copy_(
+                    [mine[p.at : p.at + p.numel] for p in s.pieces],
+                    [self._flat[p.param][p.start : p.stop] for p in s.pieces],
+                )
             full = torch.empty(s.shard_numel * degree, dtype=s.dtype, device=s.device)
-            pending.append((s, full, self.groups.all_gather(full, self.param_shards[s.index])))
+            pending.append((s, full, self.groups.all_gather(full, mine)))
             if len(pending) >= GATHER_WINDOW:
                 self._write(*pending.popleft())
         while pending:
             self._write(*pending.popleft())
 
     def _write(self, shard: BucketShard, full: torch.Tensor, handle: Any) -> None:
+        """The other ranks' slices into the parameters (this rank's are there already)."""
         wait_for(handle)  # the copies below read the gathered buffer
-        dst = [self._flat[i] for i, _ in shard.members]
-        src = [full[off : off + self._flat[i].numel()] for i, off in shard.members]
-        torch._foreach_copy_(dst, src)
+        dst, src = [], []
+        for i, off in shard.members:
+            numel = self._flat[i].numel()
+            for lo, hi in _outside(off, off + numel, shard.lo, shard.hi):
+                dst.append(self._flat[i][lo - off : hi - off])
+                src.append(full[lo:hi])
+        if dst:
+            torch._foreach_copy_(dst, src)
 
     # -- what else reads the shards --------------------------------------------------------------
 
@@ -222,12 +209,14 @@ class ShardedStep(Stage):
         return f"ShardedStep(stage={self.stage}, degree={self.groups.degree})"
 
 
+def _outside(start: int, stop: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of ``[start, stop)`` outside ``[lo, hi)``."""
+    parts = [(start, min(stop, lo)), (max(start, hi), stop)]
+    return [(a, b) for a, b in parts if a < b]
+
+
 def _hparams(group: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in group.items() if k != "params"}
-
-
-def _zeros(shard: BucketShard, numel: int) -> torch.Tensor:
-    return torch.zeros(numel, dtype=shard.dtype, device=shard.device)
 
 
 def _flat_grad(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
