@@ -5,6 +5,7 @@ world; the gathered state_dict is torch's; memory per rank is measured. One spaw
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -141,6 +142,9 @@ def _train(
     x, y = data(Config(optimizer=cfg.optimizer, k_steps=k_steps))
     out: dict[str, torch.Tensor] = {}
     norms = []
+    caught = warnings.catch_warnings(record=True)
+    seen = caught.__enter__()
+    warnings.simplefilter("always")
     for step in range(steps):
         dopt.zero_grad()
         for micro in range(k_steps):
@@ -160,6 +164,11 @@ def _train(
         )
         if scheduler is not None:
             scheduler.step()
+    caught.__exit__(None, None, None)
+    if scheduler is not None:  # it must see the user's optimizer step
+        out["scheduler warned"] = torch.tensor(
+            [sum("lr_scheduler" in str(w.message) for w in seen)]
+        )
     out |= params_of(model)
     if norms:
         out["__norms__"] = torch.stack(norms).float()
@@ -357,6 +366,8 @@ def runs() -> list[dict[str, Any]]:
 
 def _close(actual: dict, expected: dict, what: str, rtol: float = 1e-5, atol: float = 1e-6):
     for name, value in expected.items():
+        if name == "scheduler warned":
+            continue
         torch.testing.assert_close(
             actual[name], value, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{what}: {n}: {m}"
         )
@@ -373,6 +384,12 @@ def test_sharded_training_matches_single_process(runs, stage, opt):
     assert any(not torch.allclose(init[n], expected[n]) for n in init)  # it trained
     for rank, r in enumerate(runs):
         _close(r[f"stage{stage}-{opt}"], expected, f"rank {rank}, stage {stage}, {opt}")
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_lr_scheduler_sees_the_user_optimizer_step(runs, stage):
+    for r in runs:
+        assert r[f"stage{stage}-groups"]["scheduler warned"].item() == 0
 
 
 @pytest.mark.parametrize("stage", [1, 2])

@@ -123,6 +123,9 @@ class ShardedStep(Stage):
                 self.sync_hparams()
                 self.optimizer.step(**kwargs)
             self._gather()
+        # an LR scheduler built on the user's optimizer checks that it stepped (torch sets
+        # this flag from the step it wraps, which sharding replaces)
+        self.user._opt_called = True  # type: ignore[attr-defined]
         return loss
 
     def sync_hparams(self) -> None:
