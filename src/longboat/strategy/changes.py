@@ -243,12 +243,48 @@ def _group_items(name: str, group: Group, value: Any) -> Mapping[str, Any]:
 
 _warned_ignored: set[str] = set()
 
+# Attributes of Paddle's BuildStrategy / ExecutionStrategy objects that are not fields of the
+# group in Paddle's DistributedStrategy (nor DistributedStrategy fields): Paddle's setter copies
+# only the group's own fields, so it never reads these.
+PADDLE_OBJECT_ONLY: dict[Group, frozenset[str]] = {
+    "BuildStrategy": frozenset(
+        {
+            "trainers_endpoints",
+            "num_trainers",
+            "trainer_id",
+            "bkcl_comm_num",
+            "hierarchical_allreduce_exter_nranks",
+            "remove_unnecessary_lock",
+            "gradient_scale_strategy",
+            "is_distribution",
+            "async_mode",
+            "mkldnn_enabled_op_types",
+            "fix_op_run_order",
+            "build_cinn_pass",
+            "fuse_adamw",
+        }
+    ),
+    "ExecutionStrategy": frozenset({"use_device", "allow_op_delay", "dry_run"}),
+}
+
 
 def _ignored_as_paddle_does(name: str, group: Group, sub: str) -> bool:
     """A DistributedStrategy field carried by a BuildStrategy/ExecutionStrategy object (Paddle's
-    own BuildStrategy has ``nccl_comm_num``, ``sync_batch_norm``, ...): Paddle copies only the
-    group's own fields on assignment and ignores the rest; so does longboat, warning once which
-    field takes effect. A mapping naming such a field is refused instead (longboat's form)."""
+    own BuildStrategy has ``nccl_comm_num``, ``sync_batch_norm``, ...), or an attribute only
+    Paddle's object has (``trainers_endpoints``, ...): Paddle copies only the group's own fields
+    on assignment and ignores the rest; so does longboat, warning once which field takes effect.
+    A mapping naming such a field is refused instead (longboat's form)."""
+    if sub in PADDLE_OBJECT_ONLY.get(group, frozenset()) and sub not in FIELDS:
+        if sub not in _warned_ignored:
+            _warned_ignored.add(sub)
+            logger.warning(
+                "%s.%s is ignored, as Paddle ignores it there: Paddle's %s object has it, but "
+                "its DistributedStrategy does not copy it; remove it from the object",
+                name,
+                sub,
+                group,
+            )
+        return True
     spec = FIELDS.get(ALIASES.get(sub, sub))
     if spec is None or spec.group == group or spec.group != "DistributedStrategy":
         return False
