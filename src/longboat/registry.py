@@ -57,7 +57,10 @@ class Entry(Generic[F]):
     ``topologies``: where the automatic choice may try it (see :data:`TOPOLOGIES`);
     ``broadcast``: the start-up broadcast of rank 0's state goes through it;
     ``tune``: ``Strategy(auto=True)`` may try it; ``switch``: the bool Strategy field that
-    selects it instead of the name field; ``title``: its name in prose.
+    selects it instead of the name field; ``title``: its name in prose; ``cost``: its cost
+    model for ``longboat sim`` (an allreduce algorithm's ``cost(nbytes, network)`` ->
+    ``(latency_s, link_s)``, or None where it does not apply; see
+    `longboat.comm.algorithms.Network`).
     """
 
     name: str
@@ -70,6 +73,7 @@ class Entry(Generic[F]):
     tune: bool = True
     switch: str | None = None
     title: str = ""
+    cost: Callable[..., Any] | None = None
 
     @property
     def label(self) -> str:
@@ -104,6 +108,7 @@ class Registry(Generic[F]):
         tune: bool = True,
         switch: str | None = None,
         title: str = "",
+        cost: Callable[..., Any] | None = None,
     ) -> Callable[[F], F]:
         """Decorator: declare ``factory`` as ``name`` (``doc``: its docstring's first line)."""
         unknown = sorted(set(topologies) - set(TOPOLOGIES))
@@ -125,6 +130,7 @@ class Registry(Generic[F]):
                 tune,
                 switch,
                 title,
+                cost,
             )
             self._version = next(_versions)
             return factory
@@ -163,6 +169,10 @@ class Registry(Generic[F]):
         """Every entry, in registration order."""
         self._load()
         return list(self._entries.values())
+
+    def having(self, trait: str) -> list[str]:
+        """Names of the entries whose ``trait`` is set (e.g. ``"cost"``), registration order."""
+        return [e.name for e in self.entries() if getattr(e, trait)]
 
     def __contains__(self, name: object) -> bool:
         self._load()

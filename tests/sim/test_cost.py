@@ -85,3 +85,49 @@ def test_one_rank_costs_nothing_and_allgather_scales_with_peers() -> None:
 
 def test_log2() -> None:
     assert [cost._log2(n) for n in (1, 2, 3, 4, 4096)] == [0, 1, 2, 2, int(math.log2(4096))]
+
+
+def test_a_registered_algorithm_simulates_from_its_declared_cost() -> None:
+    """One file adds an algorithm that trains and simulates: the simulator asks the registry
+    for its cost model (here: twice a ring's link time), never a list of its own."""
+    from longboat.comm.algorithms import Network, register
+    from longboat.registry import ALGORITHMS
+    from longboat.sim.predict import simulate
+    from longboat.strategy import Strategy
+    from tests.sim.helpers import linear_profile
+
+    def slow_ring(nbytes: float, net: Network) -> tuple[float, float]:
+        lat, link = net.flat(nbytes, "ring")
+        return lat, 2 * link
+
+    cpu = make(2, 2, intra=Link(2e9, 20e-6, "loopback"))
+    with ALGORITHMS.scoped():
+
+        @register("slow_ring", cost=slow_ring)
+        def make_slow_ring(group):  # noqa: ANN001, ANN202 - never built here
+            raise AssertionError
+
+        @register("unmodelled")
+        def make_unmodelled(group):  # noqa: ANN001, ANN202
+            raise AssertionError
+
+        ring_parts = cost.allreduce(8 * MB, cpu, "ring")
+        assert cost.allreduce(8 * MB, cpu, "slow_ring") == pytest.approx(
+            (ring_parts[0], 2 * ring_parts[1])
+        )
+        assert cost.applicable("slow_ring", cpu) and not cost.applicable("unmodelled", cpu)
+        assert cost.best_algorithm(8 * MB, cpu) != "slow_ring"
+        prof = linear_profile([1024] * 4)
+        slow = simulate(prof, cpu, Strategy(allreduce_algorithm="slow_ring"))
+        assert slow.step_s > simulate(prof, cpu, Strategy(allreduce_algorithm="ring")).step_s
+        with pytest.raises(cost.CostError, match="declares no cost model.*cost="):
+            cost.allreduce(8 * MB, cpu, "unmodelled")
+    assert "slow_ring" not in ALGORITHMS
+
+
+def test_auto_on_one_cpu_node_names_shm() -> None:
+    """The simulator's 'auto' tries what longboat's automatic choice tries: on one node not
+    hierarchical (declared for several nodes), which costs there what shm costs."""
+    cpu = make(1, 4, intra=Link(2e9, 20e-6, "loopback"))
+    assert cost.allreduce(1e3, cpu, "shm") == cost.allreduce(1e3, cpu, "hierarchical")
+    assert cost.best_algorithm(1e3, cpu) == "shm"

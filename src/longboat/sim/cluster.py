@@ -29,13 +29,13 @@ from typing import Any
 
 import yaml
 
+from longboat.registry import ALGORITHMS as REGISTERED
 from longboat.sim import devices
 from longboat.sim.devices import Device, DeviceError
 from longboat.sim.units import UnitError, bandwidth, duration, rate_text
 
 INTRA_KINDS = ("nvlink", "nvswitch", "pcie", "shm", "loopback")
 GPU_LINKS = ("nvlink", "nvswitch", "pcie")
-ALGORITHMS = ("native", "ring", "hierarchical", "shm")
 BACKENDS = ("auto", "nccl", "gloo")
 HOST_DEVICES = ("cpu", "profiled")
 PCIE_LATENCY = 5e-6  # one-way, per message
@@ -502,9 +502,10 @@ def from_dict(data: Mapping[str, Any], where: str = "cluster") -> Cluster:
         ps = PsServers(servers, _inter(ps_data, f"{where}.ps", Link(25e9 / 8, 20e-6)))
     algorithms = {}
     for name, cost in (data.get("algorithms") or {}).items():
-        if name not in ALGORITHMS:
+        if name not in (modelled := REGISTERED.having("cost")):
             raise ClusterError(
-                f"{where}.algorithms: {name!r} is not one of {', '.join(ALGORITHMS)}"
+                f"{where}.algorithms: {name!r} is not one of {', '.join(modelled)} (the "
+                "allreduce algorithms with a cost model)"
             )
         _check_keys(cost, {"bandwidth_efficiency", "overhead"}, f"{where}.algorithms.{name}")
         eff = cost.get("bandwidth_efficiency", 1.0)

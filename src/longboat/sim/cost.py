@@ -24,11 +24,12 @@ calibrate`). With NCCL (GPU devices) ``native`` and ``ring`` follow NCCL's own c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+from longboat.comm.algorithms import Parts
+from longboat.registry import ALGORITHMS, suits
 from longboat.sim import nccl
 from longboat.sim.cluster import Cluster
-
-Parts = tuple[float, float]  # (latency seconds, link seconds)
 
 
 class CostError(ValueError):
@@ -150,38 +151,70 @@ def _nccl_allreduce(nbytes: float, cluster: Cluster, algorithm: str) -> Parts:
     return nccl.allreduce(nbytes, fabric(cluster), "ring" if algorithm == "ring" else None)
 
 
+class ClusterNetwork:
+    """``cluster`` as the algorithms' cost models read it (`longboat.comm.algorithms.Network`):
+    the primitives above, on its links."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.world, self.local, self.nodes = cluster.world, cluster.devices_per_node, cluster.nodes
+        self.on_device = uses_nccl(cluster)
+        self.host_shared_memory = cluster.intra.kind in ("shm", "loopback")
+
+    def nccl(self, nbytes: float, algorithm: str | None) -> Parts:
+        return _nccl_allreduce(nbytes, self.cluster, algorithm or "native")
+
+    def flat(self, nbytes: float, shape: str) -> Parts:
+        alpha, rate = flat_link(self.cluster)
+        return (ring if shape == "ring" else tree)(nbytes, self.world, alpha, rate)
+
+    def shm(self, nbytes: float) -> Parts:
+        return shm(nbytes, self.local, self.cluster)
+
+    def node_allreduce(self, nbytes: float) -> Parts:
+        link = self.cluster.node_link
+        if link.kind in ("shm", "loopback"):
+            return shm(nbytes, self.local, self.cluster)
+        return ring(nbytes, self.local, link.latency, link.rate)
+
+    def node_half(self, nbytes: float) -> Parts:
+        return _intra_stage(nbytes, self.cluster)
+
+    def across_nodes(self, nbytes: float) -> Parts:
+        inter = self.cluster.inter
+        share = min(inter.nics_per_node, self.local) / self.local
+        return tree(nbytes, self.nodes, inter.latency, inter.rate * share)
+
+
+def _model(algorithm: str) -> Callable[[float, ClusterNetwork], Parts | None]:
+    """The cost model ``algorithm`` registered with (`longboat.registry.ALGORITHMS`)."""
+    model = ALGORITHMS.entry(algorithm).cost  # names the registered choices if unknown
+    if model is None:
+        raise CostError(
+            f"allreduce algorithm {algorithm!r} declares no cost model, so longboat sim cannot "
+            "predict it; register it with cost=... (docs/algorithms.md)"
+        )
+    return model
+
+
 def applicable(algorithm: str, cluster: Cluster) -> bool:
-    if algorithm == "shm":
-        host_link = cluster.intra.kind in ("shm", "loopback")
-        return cluster.nodes == 1 and host_link and not uses_nccl(cluster)
-    return algorithm in ("native", "ring", "hierarchical")
+    """Whether ``algorithm`` has a cost model that applies to ``cluster``."""
+    entry = ALGORITHMS.entry(algorithm) if algorithm in ALGORITHMS else None
+    if entry is None or entry.cost is None:
+        return False
+    return entry.cost(1.0, ClusterNetwork(cluster)) is not None
 
 
 def allreduce(nbytes: float, cluster: Cluster, algorithm: str = "native") -> Parts:
     """(latency, link) seconds of one allreduce of ``nbytes`` over the whole cluster."""
-    n, local, nodes = cluster.world, cluster.devices_per_node, cluster.nodes
-    if n <= 1 or nbytes <= 0:
+    if cluster.world <= 1 or nbytes <= 0:
         return 0.0, 0.0
-    if not applicable(algorithm, cluster):
-        raise CostError(f"allreduce algorithm {algorithm!r} does not apply to {nodes} node(s)")
-    if uses_nccl(cluster):
-        lat, bw = _nccl_allreduce(nbytes, cluster, algorithm)
-    elif algorithm == "shm":
-        lat, bw = shm(nbytes, local, cluster)
-    elif algorithm == "hierarchical" and nodes > 1 and local > 1:
-        intra = _intra_stage(nbytes, cluster)
-        share = min(cluster.inter.nics_per_node, local) / local
-        inter = tree(nbytes / local, nodes, cluster.inter.latency, cluster.inter.rate * share)
-        lat, bw = 2 * intra[0] + inter[0], 2 * intra[1] + inter[1]
-    elif algorithm == "hierarchical" and nodes == 1:  # one node: the intra-node allreduce
-        link = cluster.node_link
-        if link.kind in ("shm", "loopback"):
-            lat, bw = shm(nbytes, local, cluster)
-        else:
-            lat, bw = ring(nbytes, local, link.latency, link.rate)
-    else:
-        alpha, rate = flat_link(cluster)
-        lat, bw = (ring if algorithm == "ring" else tree)(nbytes, n, alpha, rate)
+    parts = _model(algorithm)(nbytes, ClusterNetwork(cluster))
+    if parts is None:
+        raise CostError(
+            f"allreduce algorithm {algorithm!r} does not apply to {cluster.nodes} node(s)"
+        )
+    lat, bw = parts
     cost = cluster.cost(algorithm)
     return lat + cost.overhead, bw / cost.bandwidth_efficiency
 
@@ -195,7 +228,19 @@ def allgather(nbytes_per_rank: float, cluster: Cluster) -> Parts:
     return (n - 1) * alpha, (n - 1) * nbytes_per_rank / rate
 
 
+def candidates(cluster: Cluster) -> list[str]:
+    """The algorithms ``allreduce_algorithm='auto'`` would try on ``cluster`` (those whose
+    declared topologies suit it, as `longboat.comm.algorithms.auto` chooses) that have a cost
+    model applying to it, in registration order."""
+    return [
+        e.name
+        for e in ALGORITHMS.entries()
+        if e.cost is not None
+        and suits(e.topologies, cluster.world, cluster.nodes)
+        and applicable(e.name, cluster)
+    ]
+
+
 def best_algorithm(nbytes: float, cluster: Cluster) -> str:
-    """What ``allreduce_algorithm='auto'`` would pick: the cheapest applicable one."""
-    names = [a for a in ("native", "ring", "hierarchical", "shm") if applicable(a, cluster)]
-    return min(names, key=lambda a: sum(allreduce(nbytes, cluster, a)))
+    """What ``allreduce_algorithm='auto'`` would pick: the cheapest of its candidates."""
+    return min(candidates(cluster), key=lambda a: sum(allreduce(nbytes, cluster, a)))

@@ -43,11 +43,7 @@ def candidates(cluster: Cluster, lossy: bool = False, exact: bool = False) -> li
     """Strategy fields to try, the default Strategy (``{}``) first."""
     if lossy and exact:
         raise ValueError("lossy and exact exclude each other")
-    algorithms = [
-        a for a in ("native", "ring", "hierarchical", "shm") if cost.applicable(a, cluster)
-    ]
-    if cluster.nodes == 1:
-        algorithms = [a for a in algorithms if a != "hierarchical"]
+    algorithms = cost.candidates(cluster)
     compressions: list[dict[str, Any]] = [{}]
     if not exact:
         compressions += [{"gradient_compression": "bf16"}, {"gradient_compression": "fp16"}]

@@ -29,6 +29,47 @@ class Handle(Protocol):
 
 AllreduceFn = Callable[[torch.Tensor], Handle]
 AlgorithmFactory = Callable[[dist.ProcessGroup], AllreduceFn]
+Parts = tuple[float, float]  # (latency seconds, link seconds) of one collective
+
+
+class Network(Protocol):
+    """The simulated cluster as an algorithm's cost model sees it (``register(cost=...)``).
+
+    ``longboat sim`` passes one (`longboat.sim.cost.ClusterNetwork`); each method returns the
+    ``(latency_s, link_s)`` of one collective of ``nbytes``. A cost model combines them the way
+    its algorithm moves data, and returns None where the algorithm does not apply.
+    """
+
+    world: int  # ranks
+    local: int  # ranks per node
+    nodes: int
+    on_device: bool  # GPU ranks over NCCL
+    host_shared_memory: bool  # the ranks of a node share host memory
+
+    def nccl(self, nbytes: float, algorithm: str | None) -> Parts:
+        """NCCL's allreduce: ``"ring"``, ``"hierarchical"`` (intra, inter, intra), else NCCL's
+        own choice."""
+        ...
+
+    def flat(self, nbytes: float, shape: str) -> Parts:
+        """A ``"ring"`` or ``"tree"`` allreduce over every rank, at the slowest hop's speed."""
+        ...
+
+    def shm(self, nbytes: float) -> Parts:
+        """An allreduce of one node's ranks through shared memory."""
+        ...
+
+    def node_allreduce(self, nbytes: float) -> Parts:
+        """An allreduce inside one node over its own link (shared memory or a ring)."""
+        ...
+
+    def node_half(self, nbytes: float) -> Parts:
+        """Half an allreduce inside a node (a reduce-scatter, or an all-gather)."""
+        ...
+
+    def across_nodes(self, nbytes: float) -> Parts:
+        """A tree allreduce across nodes, each rank with its share of the node's NICs."""
+        ...
 
 
 register = ALGORITHMS.register  # decorator: selectable as Strategy.allreduce_algorithm = name

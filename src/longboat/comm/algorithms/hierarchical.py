@@ -29,7 +29,7 @@ import torch.distributed as dist
 from longboat import cluster
 from longboat.cluster.topology import Topology
 from longboat.comm import algorithms
-from longboat.comm.algorithms import AllreduceFn, register
+from longboat.comm.algorithms import AllreduceFn, Network, Parts, register
 from longboat.comm.algorithms.ring import check_dtype, run_flat
 from longboat.comm.background import AsyncAllreduce
 from longboat.comm.handles import wait_for
@@ -222,7 +222,19 @@ class Hierarchical:
             self.intra.all_gather(flat)
 
 
-@register("hierarchical", topologies=("multi_node",), broadcast=True)
+def cost(nbytes: float, net: Network) -> Parts:
+    """Reduce-scatter inside each node, allreduce of 1/local across nodes, all-gather inside."""
+    if net.on_device:
+        return net.nccl(nbytes, "hierarchical")
+    if net.nodes > 1 and net.local > 1:
+        intra, inter = net.node_half(nbytes), net.across_nodes(nbytes / net.local)
+        return 2 * intra[0] + inter[0], 2 * intra[1] + inter[1]
+    if net.nodes == 1:
+        return net.node_allreduce(nbytes)
+    return net.flat(nbytes, "tree")
+
+
+@register("hierarchical", topologies=("multi_node",), broadcast=True, cost=cost)
 def make_hierarchical(
     group: dist.ProcessGroup,
     inter_nranks: int | None = None,

@@ -6,10 +6,15 @@ import torch
 import torch.distributed as dist
 
 from longboat.cluster.backends import runs_on_device
-from longboat.comm.algorithms import AllreduceFn, Done, Handle, register
+from longboat.comm.algorithms import AllreduceFn, Done, Handle, Network, Parts, register
 
 
-@register("native", topologies=("any",))
+def cost(nbytes: float, net: Network) -> Parts:
+    """The backend's own allreduce: NCCL's choice on GPUs, Gloo's tree-like one on hosts."""
+    return net.nccl(nbytes, None) if net.on_device else net.flat(nbytes, "tree")
+
+
+@register("native", topologies=("any",), cost=cost)
 def make_native(group: dist.ProcessGroup) -> AllreduceFn:
     """Asynchronous in-place SUM allreduce through the backend's own algorithm."""
     # One rank: nothing to exchange on Gloo. On NCCL the allreduce is still launched (a

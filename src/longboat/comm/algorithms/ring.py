@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from longboat.comm.algorithms import register
+from longboat.comm.algorithms import Network, Parts, register
 from longboat.comm.background import AsyncAllreduce
 
 #: Pipeline segment size. Measured on 2 CPU cores over loopback Gloo (docs/algorithms.md):
@@ -220,7 +220,12 @@ class _RingCall:
             ) from exc
 
 
-@register("ring", topologies=("many_ranks",), tune=False)
+def cost(nbytes: float, net: Network) -> Parts:
+    """A ring over every rank (NCCL's ring on GPUs)."""
+    return net.nccl(nbytes, "ring") if net.on_device else net.flat(nbytes, "ring")
+
+
+@register("ring", topologies=("many_ranks",), tune=False, cost=cost)
 def make_ring(
     group: dist.ProcessGroup, segment_bytes: int = DEFAULT_SEGMENT_BYTES
 ) -> AsyncAllreduce[Ring]:

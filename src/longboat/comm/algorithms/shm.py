@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from longboat.cluster import job_timeout
-from longboat.comm.algorithms import AllreduceFn, Done, register
+from longboat.comm.algorithms import AllreduceFn, Done, Network, Parts, register
 from longboat.comm.background import BackgroundAllreduce
 from longboat.comm.exchange import control_device
 from longboat.comm.shm_segment import (
@@ -472,7 +472,14 @@ class ShmAllreduce(BackgroundAllreduce):
         self.comm.close()
 
 
-@register("shm", topologies=("one_node",), broadcast=True)
+def cost(nbytes: float, net: Network) -> Parts | None:
+    """Host shared memory: one node of CPU ranks only."""
+    if net.nodes == 1 and net.host_shared_memory and not net.on_device:
+        return net.shm(nbytes)
+    return None
+
+
+@register("shm", topologies=("one_node",), broadcast=True, cost=cost)
 def make_shm(group: dist.ProcessGroup) -> AllreduceFn:
     """Asynchronous in-place SUM allreduce through /dev/shm; every rank must be on this node."""
     if dist.get_world_size(group) == 1:
