@@ -65,3 +65,25 @@ def test_a_build_strategy_object_survives_the_prototxt_round_trip(tmp_path: Path
     back = fleet.DistributedStrategy()
     back.load_from_prototxt(str(path))
     assert back.dgc is True and back.fuse_bn_act_ops is True
+
+
+def test_sync_param_name_is_the_mp_configs_key() -> None:
+    """Paddle keeps mp_configs' sync_param_name as strategy.sync_param_name: readable and
+    settable there, the same value as hybrid_configs['mp_configs']['sync_param_name']."""
+    s = fleet.DistributedStrategy()
+    assert s.sync_param_name == ["embedding", "layer_norm", ".b_"]
+    s.hybrid_configs = {
+        "mp_degree": 2,
+        "mp_configs": {"sync_param": True, "sync_param_name": ["embedding", ".w"]},
+    }
+    assert s.sync_param_name == ["embedding", ".w"]
+    assert s.hybrid_configs["mp_configs"].sync_param is True
+    s.sync_param_name = ["layer_norm"]
+    assert s.hybrid_configs["mp_configs"]["sync_param_name"] == ["layer_norm"]
+    assert s.hybrid_configs["mp_configs"].sync_param is True  # the other keys are kept
+    s.update(hybrid_configs={"mp_configs": {"sync_grad": True}}, sync_param_name=[".b_"])
+    assert s.sync_param_name == [".b_"] and s.hybrid_configs["mp_configs"].sync_grad is True
+    with pytest.raises(StrategyError, match=r"\['sync_param_name'\] is given twice"):
+        s.update(hybrid_configs={"mp_configs": {"sync_param_name": ["a"]}}, sync_param_name=["b"])
+    with pytest.raises(StrategyError, match="sync_param_name' must be list"):
+        s.sync_param_name = "embedding"

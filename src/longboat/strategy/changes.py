@@ -92,9 +92,14 @@ ALIASES: dict[str, str] = {
 }
 """Other Paddle names of fields: reading or setting one reads or sets the field (Paddle's
 ``fleet_desc_configs`` setter fills the same tables that ``sparse_table_configs`` reads)."""
-KEY_ALIASES: dict[str, tuple[str, str]] = {"hybrid_parallel_order": ("hybrid_configs", "order")}
-"""Paddle attributes that are a key of a config field here: ``strategy.hybrid_parallel_order``
-is ``strategy.hybrid_configs['order']``, as Paddle's ``hybrid_configs`` setter keeps them."""
+KEY_ALIASES: dict[str, tuple[str, ...]] = {
+    "hybrid_parallel_order": ("hybrid_configs", "order"),
+    "sync_param_name": ("hybrid_configs", "mp_configs", "sync_param_name"),
+}
+"""Paddle attributes that are a key (or a sub-config's key) of a config field here:
+``strategy.hybrid_parallel_order`` is ``strategy.hybrid_configs['order']`` and
+``strategy.sync_param_name`` is ``strategy.hybrid_configs['mp_configs']['sync_param_name']``,
+as Paddle's ``hybrid_configs`` setter keeps them."""
 NESTED_KEY: dict[Group, str] = {
     "BuildStrategy": "build_strategy",
     "ExecutionStrategy": "execution_strategy",
@@ -215,14 +220,18 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
             check_group_member(group, sub)
             put(sub, sub_value, f"flat and under {name}")
     for alias, value in keyed:
-        field, key = KEY_ALIASES[alias]
+        field, key, *inner = KEY_ALIASES[alias]
         current = flat.setdefault(field, {})
         if not isinstance(current, Mapping):
             continue  # refused by field_changes, naming the field
-        if key in current:
+        given = current.get(key, {}) if inner else None
+        if key in current and not (inner and isinstance(given, Mapping) and inner[0] not in given):
+            where = "".join(f"[{k!r}]" for k in (key, *inner))
             raise StrategyError(
-                f"Strategy.{field}[{key!r}] is given twice (as that key and as {alias})"
+                f"Strategy.{field}{where} is given twice (as that key and as {alias})"
             )
+        if inner:  # a sub-config's key: merged over its current keys, as the sub-config is
+            value = {**(given or {}), inner[0]: value}
         flat[field] = {**current, key: value}
     return flat
 

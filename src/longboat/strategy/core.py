@@ -161,8 +161,11 @@ class Strategy:
         if name in GROUP_KEYS:
             return GroupView(self, GROUP_KEYS[name])
         if name in KEY_ALIASES:
-            field, key = KEY_ALIASES[name]
-            return ConfigView(self, field)[key]
+            field, *keys = KEY_ALIASES[name]
+            value: Any = ConfigView(self, field)
+            for key in keys:
+                value = value[key]
+            return value
         name = ALIASES.get(name, name)
         spec = field_spec(name)
         if spec.is_config:
