@@ -25,7 +25,7 @@ from longboat.ps.config import PSConfig, cluster_from_env
 from longboat.ps.optim import describe_torch_optimizer
 from longboat.ps.params import DenseParams, part
 from longboat.ps.plan import make_plan
-from longboat.ps.recovery import Recovery
+from longboat.ps.recovery import Recovery, RecoveryContext
 from longboat.ps.request import DROPPED
 from longboat.ps.sparse import SparseEmbedding, SparseLookups
 from longboat.ps.table_configs import apply_sparse_table_configs
@@ -37,12 +37,11 @@ from longboat.trace.ps import StallExplainer, make_observer
 if TYPE_CHECKING:
     from longboat.strategy import Strategy
 
-__all__ = ["MODES", "PSConfig", "PSEngine", "PSModel", "PSOptimizer", "cluster_from_env",
+__all__ = ["PSConfig", "PSEngine", "PSModel", "PSOptimizer", "cluster_from_env",
            "current", "distribute", "save"]  # fmt: skip
 
 log = get_logger("longboat.ps")
 
-MODES = ("sync", "async", "half_async", "geo")  # what the Strategy selects; modes.names(): all
 _NULL = contextlib.nullcontext()
 
 
@@ -163,7 +162,14 @@ class PSEngine:
         replayable = self.mode.recoverable and self._update == "optimizer"
         if self.cfg.recovery_window <= 0 or not replayable:
             return None
-        return Recovery(self, self.cfg.recovery_window)
+        ctx = RecoveryContext(
+            self.trainer, self.client, self.dense, self.sparse, self.optimizer.param_groups,
+            lambda: self.step_no, self._restart_at, lambda step, wait: self.restore(step, wait),
+        )  # fmt: skip
+        return Recovery(ctx, self.cfg.recovery_window)
+
+    def _restart_at(self, step: int) -> None:
+        self.step_no = step
 
     # ---- set-up -------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:

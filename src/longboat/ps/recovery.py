@@ -17,20 +17,17 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from longboat.log import get_logger
 from longboat.ps import table_admin
-from longboat.ps.client import PSError
-from longboat.ps.params import wait_all
-from longboat.ps.sparse import RowGrads
+from longboat.ps.client import Client, PSError
+from longboat.ps.params import DenseParams, wait_all
+from longboat.ps.sparse import RowGrads, SparseLookups
 from longboat.ps.wire import Message
-
-if TYPE_CHECKING:
-    from longboat.ps.engine import PSEngine
 
 log = get_logger("longboat.ps")
 
@@ -57,31 +54,45 @@ class Pushed:
     shrinks: list[list[str] | None] = field(default_factory=list)  # lb.ps.shrink after it
 
 
+@dataclass(frozen=True)
+class RecoveryContext:
+    """What recovery works with (built by the engine, as a mode's `ModeContext` is)."""
+
+    trainer: int
+    client: Client
+    dense: DenseParams
+    sparse: SparseLookups
+    param_groups: list[dict]  # the trainer's optimizer's: each push carries their rates
+    step: Callable[[], int]  # the step being taken
+    restart_at: Callable[[int], None]  # the engine goes on at this step
+    restore: Callable[[int, float], object]  # roll every server back to a checkpoint step
+
+
 class Recovery:
     """The replay log of one sync trainer and the procedure that uses it."""
 
-    def __init__(self, engine: PSEngine, window: int) -> None:
-        self.engine, self.window = engine, window
+    def __init__(self, ctx: RecoveryContext, window: int) -> None:
+        self.ctx, self.window = ctx, window
         self.log: deque[Pushed] = deque(maxlen=window)
-        self.boots = self._boots(engine.client.timeout)
+        self.boots = self._boots(ctx.client.timeout)
         self.active = False  # recovering now (no recovery inside recovery)
 
     def _boots(self, timeout: float) -> dict[int, str]:
         """Every server's process id (``boot``), to tell a restarted server from the old one."""
-        client = self.engine.client
+        client = self.ctx.client
         replies = client.call_all("ping", {s: Message() for s in range(len(client))}, timeout)
         return {s: str(r.meta["boot"]) for s, r in replies.items()}
 
     def record(self) -> None:
         """Log this step's gradients (dense and sparse) before they are pushed."""
-        engine = self.engine
-        grads = [g.detach().clone() for g in engine.dense.grads()]
-        lrs = [float(g["lr"]) for g in engine.optimizer.param_groups]
-        self.log.append(Pushed(engine.step_no, grads, lrs, engine.sparse.gradients()))
+        ctx = self.ctx
+        grads = [g.detach().clone() for g in ctx.dense.grads()]
+        lrs = [float(g["lr"]) for g in ctx.param_groups]
+        self.log.append(Pushed(ctx.step(), grads, lrs, ctx.sparse.gradients()))
 
     def shrunk(self, tables: list[str] | None) -> None:
         """Log an ``lb.ps.shrink(tables)`` made by this trainer after the last logged step."""
-        if self.log and self.log[-1].step == self.engine.step_no - 1:
+        if self.log and self.log[-1].step == self.ctx.step() - 1:
             self.log[-1].shrinks.append(tables)
 
     def handles(self, exc: PSError) -> bool:
@@ -97,49 +108,49 @@ class Recovery:
             self.active = False
 
     def _recover(self, exc: PSError, through: int) -> None:
-        engine = self.engine
+        ctx = self.ctx
         wait = restart_wait()
         log.warning(
             "trainer %d: parameter server %d (%s) failed (%s); waiting up to %.0fs for it to "
             "restart from its checkpoint",
-            engine.trainer,
+            ctx.trainer,
             exc.server,
             exc.endpoint,
             exc.code,
             wait,
         )
         restored = self._wait_for_restart(exc, wait)
-        oldest = self.log[0].step if self.log else engine.step_no
+        oldest = self.log[0].step if self.log else ctx.step()
         if restored < oldest:
             raise PSError(
                 f"parameter server restarted from step {restored}, but trainer "
-                f"{engine.trainer} kept its pushes only from step {oldest}; call "
+                f"{ctx.trainer} kept its pushes only from step {oldest}; call "
                 "model.engine.restore() and resume the loop from the step it returns",
                 exc.server,
                 exc.endpoint,
             ) from exc
         # lookups of the step after ``through`` (its forward) were pulled at the values the
         # replay recomputes: they stay recorded for that step's push
-        current = engine.sparse.clear() if through < engine.step_no else []
-        engine.restore(restored, timeout=wait)
+        current = ctx.sparse.clear() if through < ctx.step() else []
+        ctx.restore(restored, wait)
         for pushed in [p for p in self.log if restored <= p.step <= through]:
             self._replay(pushed)
-        engine.step_no = through + 1
-        engine.dense.pull(engine.step_no)
-        engine.sparse.resume(current)
+        ctx.restart_at(through + 1)
+        ctx.dense.pull(through + 1)
+        ctx.sparse.resume(current)
         log.warning(
             "trainer %d: parameter server %d is back; replayed steps %d..%d from its "
             "checkpoint, training goes on at step %d",
-            engine.trainer,
+            ctx.trainer,
             exc.server,
             restored,
             through,
-            engine.step_no,
+            through + 1,
         )
 
     def _wait_for_restart(self, exc: PSError, wait: float) -> int:
         """The checkpoint step of the restarted server(s), once every server answers."""
-        client = self.engine.client
+        client = self.ctx.client
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -176,20 +187,20 @@ class Recovery:
     def _replay(self, pushed: Pushed) -> None:
         """Push ``pushed`` again and wait until every server has applied its step (the next
         step's push of a sparse table waits on the server for this one to complete)."""
-        engine = self.engine
-        dense, groups = engine.dense, engine.optimizer.param_groups
+        ctx = self.ctx
+        dense, groups = ctx.dense, ctx.param_groups
         current = [g["lr"] for g in groups]
         for g, lr in zip(groups, pushed.lrs, strict=True):
             g["lr"] = lr
         try:
             calls = dense.push(range(len(dense)), pushed.grads, pushed.step)
-            calls += engine.sparse.send(pushed.rows, pushed.step, every_server=True)
+            calls += ctx.sparse.send(pushed.rows, pushed.step, every_server=True)
             wait_all(calls)
         finally:
             for g, lr in zip(groups, current, strict=True):
                 g["lr"] = lr
         dense.collect(dense.start_pulls(pushed.step + 1))
         if pushed.shrinks:  # after the step, before this trainer's push of the next one
-            engine.sparse.wait(pushed.step + 1)
+            ctx.sparse.wait(pushed.step + 1)
             for tables in pushed.shrinks:
-                table_admin.shrink_on(engine.client, tables)
+                table_admin.shrink_on(ctx.client, tables)
