@@ -486,9 +486,11 @@ CONFLICT_CASES = [
     ({"lamb": True}, "sharding", True, "lamb"),
     ({"find_unused_parameters": True}, "sharding", True, "find_unused_parameters"),
     ({"auto": True}, "sharding", True, "auto"),
+    ({"localsgd": True}, "sharding", True, "localsgd"),
+    ({"adaptive_localsgd": True}, "sharding", True, "adaptive_localsgd"),
     *(
         ({"sharding_configs": {"stage": 2}, other: True}, "sharding", True, other)
-        for other in ("localsgd", "adaptive_localsgd", "dgc", "fp16_allreduce")
+        for other in ("dgc", "fp16_allreduce")
     ),
     (
         {"sharding_configs": {"stage": 2}, "gradient_compression": "bf16"},

@@ -539,3 +539,44 @@ def test_elastic_rebuild_refuses_sharding():
     assert plan.sharding is not None and plan.sharding.stage == 1
     with pytest.raises(RebuildError, match="set sharding=False"):
         check_rebuildable(types.SimpleNamespace(plan=plan, tuner=None))  # type: ignore[arg-type]
+
+
+def _gathered(rank: int, world: int, device: str) -> dict[str, torch.Tensor]:
+    """Stage 1 at 4 virtual ranks of the lagging backend, whose all-gather repeats this rank's
+    slice (landing late on its own stream on a GPU): after each step every element outside
+    the slice must equal the slice's element at that offset. Largest difference."""
+    import longboat as lb
+    from tests import _lagging_harness as harness
+
+    dev = torch.device(device)
+    worst = 0.0
+    with harness.virtual_world(dev):
+        model, optimizer = harness._model("sharding", dev)
+        strategy = lb.Strategy(allreduce_algorithm="native", fuse_grad_size_in_MB=0.05)
+        strategy.sharding, strategy.sharding_configs = True, {"stage": 1}
+        dmodel, dopt = lb.distribute(model, optimizer, strategy)
+        step = dopt.stages[-1]
+        x, y = harness._data(3)
+        for i in range(3):
+            dopt.zero_grad()
+            F.cross_entropy(dmodel(x[i].to(dev)), y[i].to(dev)).backward()
+            dopt.step()
+            for s in step.layout.buckets:
+                full = torch.cat([step._flat[p].detach() for p, _ in s.members])
+                mine = full[s.lo : s.hi]
+                for k in range(1, step.groups.degree):
+                    other = full[k * s.shard_numel : k * s.shard_numel + mine.numel()]
+                    if other.numel():
+                        worst = max(worst, float((other - mine[: other.numel()]).abs().max()))
+    return {"worst": torch.tensor([worst]), "buckets": torch.tensor([len(step.layout.buckets)])}
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda:0", marks=pytest.mark.gpu)], ids=["cpu", "gpu"]
+)
+def test_all_gather_is_read_after_it_lands(device):
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    (result,) = run_ranks(_gathered, 1, device, timeout=120)
+    assert result["buckets"].item() > 1
+    assert result["worst"].item() == 0.0

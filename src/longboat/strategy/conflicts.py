@@ -83,6 +83,15 @@ _SHARDING_CONFLICTS: tuple[Conflict, ...] = (
         "shard under sharding and would still move (momentum, weight decay); make every "
         "parameter take part in the loss, or freeze it (requires_grad_(False))",
     ),
+    *(
+        both_on(
+            "sharding",
+            other,
+            f"{what} trains each rank on its own gradients between averagings, and under "
+            "sharding a rank steps only its slice of the parameters: drop one",
+        )
+        for other, what in (("localsgd", "local SGD"), ("adaptive_localsgd", "adaptive local SGD"))
+    ),
     both_on(
         "sharding",
         "auto",
@@ -99,8 +108,6 @@ _SHARDING_CONFLICTS: tuple[Conflict, ...] = (
             f"sharding True with sharding_configs['stage'] == 2 and {other} True",
         )
         for other, why in (
-            ("localsgd", "local SGD averages parameters instead"),
-            ("adaptive_localsgd", "adaptive local SGD averages parameters instead"),
             ("dgc", "DGC sends sparse top-k allreduces instead"),
             ("fp16_allreduce", "a float16 reduce-scatter is not implemented"),
         )
