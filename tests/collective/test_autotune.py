@@ -131,6 +131,7 @@ def _train_auto(rank: int, world: int, cfg: Config, slow: bool) -> dict[str, Any
     if slow:
         fake.tuner = tuner
     installed = []  # (active candidate, buckets, communicators) at each communicating step
+    planned = []  # the model's plan names the reducer it runs
     x, y = data(cfg)
     for i in range(STEPS * cfg.k_steps):
         dopt.zero_grad(set_to_none=cfg.set_to_none)
@@ -138,6 +139,7 @@ def _train_auto(rank: int, world: int, cfg: Config, slow: bool) -> dict[str, Any
         if (i + 1) % cfg.k_steps == 0:  # a communicating step
             reducer = dmodel.reducer
             installed.append((tuner.active, reducer.num_buckets, len(reducer._fns)))
+            planned.append(dmodel.plan.comm == tuner.candidates[tuner.active])
         F.cross_entropy(out, shard(y[i], rank, world)).backward()
         dopt.step()
     assert tuner.done
@@ -147,6 +149,7 @@ def _train_auto(rank: int, world: int, cfg: Config, slow: bool) -> dict[str, Any
         "comms": tuner.choice.communicators,
         "medians": tuner.medians,
         "installed": installed,
+        "planned": planned,
         "bytes": dmodel.bytes_sent(),
     }
 
@@ -205,6 +208,7 @@ def test_training_during_and_after_the_trial_is_exact(
     trial = [a for a, _, _ in first["installed"][:12]]
     assert trial == list(range(12))
     assert len({(b, c) for _, b, c in first["installed"]}) > 1
+    assert all(first["planned"]) and all(second["planned"])  # model.plan follows the reducer
     assert first["bytes"] > 0
 
 

@@ -194,12 +194,14 @@ def test_barrier_sync_bn_and_local_sgd_waits_are_named(tmp_path: Path) -> None:
 def test_bucket_names_follow_an_auto_reducer_switch() -> None:
     """Launch m maps to a bucket of the reducer installed when m was launched: after a switch at
     launch 3 from 3 buckets to 2, launch 4 is the new bucket 0 (not (4 - 1) % 2 = 1)."""
+    import functools
     from types import SimpleNamespace
 
     import torch
     import torch.distributed as dist
 
     from longboat.collective.autotune import AutoTuner
+    from longboat.collective.model import DistributedModel
     from longboat.collective.plan import Placement, resolve_comm
     from longboat.strategy import Strategy
     from longboat.trace.stall import StallWatch
@@ -215,9 +217,10 @@ def test_bucket_names_follow_an_auto_reducer_switch() -> None:
             watch.launched(b, done)
         watch.end_wait()
         # the tuner installs another reducer at the next forward (as AutoTuner._install does)
-        reducer = SimpleNamespace(observer=None, bucket_members=lambda: new)
+        reducer = SimpleNamespace(observer=None, bucket_members=lambda: new, params=[])
         old_reducer = SimpleNamespace(observer=SimpleNamespace(watch=watch), remove_hooks=lambda: 0)
-        model = SimpleNamespace(reducer=old_reducer, compressors=())
+        model = SimpleNamespace(reducer=old_reducer, compressors=(), plan=None)
+        model.replace_reducer = functools.partial(DistributedModel.replace_reducer, model)
         plan = resolve_comm(Strategy(env={}), Placement.of((0, 0), "gloo"))
         tuner = AutoTuner([plan] * 2, lambda c: (reducer, []))
         tuner._install(model, 1)

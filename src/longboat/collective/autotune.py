@@ -16,6 +16,7 @@ keeps it for the rest of training. The defaults stay unless a candidate beats th
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 import time
@@ -137,17 +138,13 @@ class AutoTuner:
 
     def _install(self, model: DistributedModel, index: int) -> None:
         assert self._build is not None
-        old = model.reducer
-        old.remove_hooks()
-        reducer, compressors = self._build(self.candidates[index])
-        observer = reducer.observer = old.observer  # timeline and stall inspector move along
-        if observer is not None and observer.watch is not None:
-            observer.watch.switch(reducer.bucket_members())  # launches from here: new buckets
+        candidate = self.candidates[index]
+        reducer, compressors = self._build(candidate)
         if not self._compressors:
             self._compressors = list(model.compressors)
         self._compressors += compressors  # bytes_sent stays cumulative over every candidate
-        model.compressors = tuple(self._compressors)
-        model.reducer = reducer
+        plan = dataclasses.replace(model.plan, comm=candidate) if model.plan else None
+        model.replace_reducer(reducer, self._compressors, plan)
         self.active = index
 
     def _decide(self, model: DistributedModel) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -13,8 +13,13 @@ from torch.utils._pytree import tree_leaves
 from longboat.collective import compile as compiling
 from longboat.collective.amp import Amp
 from longboat.collective.consistency import broadcast_state
+from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.plan import CollectivePlan
 from longboat.collective.reducer import Reducer
+from longboat.comm.compress import Compressor
+
+if TYPE_CHECKING:
+    from longboat.collective.autotune import AutoTuner
 
 
 class DistributedModel(nn.Module):
@@ -37,9 +42,9 @@ class DistributedModel(nn.Module):
         merge_avg: bool,
         communicate: bool = True,
         amp: Amp | None = None,
-        compressors: Sequence[Any] = (),
-        local_sgd: Any = None,
-        tuner: Any = None,
+        compressors: Sequence[Compressor] = (),
+        local_sgd: LocalSGD | AdaptiveLocalSGD | None = None,
+        tuner: AutoTuner | None = None,
         plan: CollectivePlan | None = None,
     ):
         super().__init__()
@@ -59,6 +64,33 @@ class DistributedModel(nn.Module):
         self._call_module: Callable[..., Any] = module.__call__  # compile() may point it on
         self.splitter: compiling.BucketSplitter | None = None  # set by compile()
         self._compile_warned = False
+
+    def replace_reducer(
+        self,
+        reducer: Reducer,
+        compressors: Sequence[Compressor],
+        plan: CollectivePlan | None = None,
+        *,
+        keep_observer: bool = True,
+    ) -> None:
+        """Install ``reducer`` (built for ``plan``, running ``compressors``) in place of the
+        current one: the one way the tuner and an elastic rebuild swap it.
+
+        The old reducer's gradient hooks are removed. ``keep_observer``: the timeline and
+        stall inspector move to the new reducer and watch its buckets from here on (False:
+        they belonged to a world that is gone; ``longboat.trace.attach`` installs new ones).
+        """
+        old = self.reducer
+        old.remove_hooks()
+        observer = old.observer if keep_observer else None
+        reducer.observer = observer
+        if observer is not None and observer.watch is not None:
+            observer.watch.switch(reducer.bucket_members())
+        self.reducer = reducer
+        self.compressors = tuple(compressors)
+        if plan is not None:
+            self.plan = plan
+        self._index = {id(p): i for i, p in enumerate(reducer.params)}
 
     def compile(self, **torch_compile_kwargs: Any) -> None:  # type: ignore[override]
         """``torch.compile`` the module in place, cut at the reducer's buckets so that they

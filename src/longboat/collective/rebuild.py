@@ -50,7 +50,6 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     if model.plan is None:
         raise RebuildError("only a model lb.distribute returned can move to a new world")
     old = model.reducer
-    old.remove_hooks()
     plan = model.plan.on(live_placement())  # the new world's placement decides anew
     comm = join_world(model.module, plan)  # meets newcomers in lb.distribute's calls
     reducer, compressors = build_reducer(
@@ -60,8 +59,6 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
         communicators=comm.pair,
         check_finite=old.check_finite,
     )
-    model.reducer = reducer
-    model.plan = plan
-    model.compressors = tuple(compressors)
+    model.replace_reducer(reducer, compressors, plan, keep_observer=False)
     model.micro_step = 0
     attach(model, optimizer, plan.trace)  # the optimizer's timeline stage records anew

@@ -13,7 +13,7 @@ import multiprocessing.util
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,9 @@ from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest
 from longboat.trace.config import TraceConfig, TraceFields
 from longboat.trace.recorder import Recorder, comm_lane
 from longboat.trace.stall import StallWatch
+
+if TYPE_CHECKING:
+    from longboat.collective.model import DistributedModel
 
 
 class Recording(Protocol):
@@ -214,7 +217,9 @@ class RecordStep(Stage):
 
 
 def attach(
-    model: Any, optimizer: torch.optim.Optimizer | None, config: TraceConfig | TraceFields
+    model: DistributedModel,
+    optimizer: torch.optim.Optimizer | None,
+    config: TraceConfig | TraceFields,
 ) -> Any:
     """Install an observer on ``model`` (a DistributedModel) as ``config`` (a `TraceConfig`,
     or a Strategy) asks; returns the optimizer. When the timeline is on, a `StagedOptimizer`
