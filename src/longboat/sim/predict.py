@@ -36,6 +36,7 @@ from longboat.sim import cost, devices
 from longboat.sim.cluster import Cluster, ClusterError
 from longboat.sim.compression import bucket_parts
 from longboat.sim.profile import Profile
+from longboat.sim.sharding import memory_per_rank, sharded
 from longboat.sim.straggler import spread_seconds, straggler_seconds
 from longboat.sim.timeline import Job, busy_before, finish_times
 from longboat.strategy import Strategy
@@ -60,6 +61,7 @@ class Prediction:
     straggler_s: float = 0.0  # waiting for the slowest rank, per step
     contention_s: float = 0.0  # backward slowed by the collectives beside it, per step
     input_wait_s: float = 0.0  # waiting for the input pipeline, per step
+    memory: dict[str, int] = field(default_factory=dict)  # bytes per rank (`sim.sharding`)
 
     @property
     def overlap(self) -> float:
@@ -272,6 +274,7 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
             notes=(f"local SGD: parameters averaged every {k} steps",),
         )
     merge = plan.k_steps
+    shard = sharded(plan.sharding, prof, cluster)
     buckets = plan_buckets(
         prof.grad_specs(),
         fuse=plan.comm.fuse,
@@ -295,6 +298,8 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
             algo = cost.best_algorithm(sum(p.nbytes for p in params), cluster)
         chosen.add(algo)
         (lat, bw), nbytes = bucket_parts(params, extra, cluster, algo, compression, config, rate)
+        if shard is not None:
+            (lat, bw), nbytes = shard.collective((lat, bw)), shard.sent(nbytes)
         ready = max(p.ready_s for p in params) + copy_s * (b + 1) / len(buckets.buckets)
         jobs.append(Job(ready, on_comm[b], lat, bw))
         sent += nbytes
@@ -303,6 +308,13 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
     if cluster.world > 1:
         finishes, backward, contended = _timeline(jobs, bwd + copy_s, contention_of(cluster))
         exposed = max(0.0, max(finishes) - backward)
+    gather = 0.0
+    if shard is not None:
+        opt, gather = shard.optimizer_s(opt), shard.gather_s
+        exposed += gather  # inside optimizer.step(), after the update
+        total += gather
+        sent += shard.gather_bytes
+        notes.append(shard.note())
     cycle = merge * (fwd + bwd) + copy_s + contended + exposed + opt
     if merge > 1:
         notes.append(f"gradient merge: one allreduce every {merge} micro-steps")
@@ -322,6 +334,7 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         algorithm="+".join(sorted(chosen)),
         notes=tuple(notes),
         contention_s=contended / merge,
+        memory=memory_per_rank(prof, shard),
     )
 
 

@@ -86,6 +86,10 @@ def breakdown(prof: Profile, cl: Cluster, p: Prediction) -> None:
     table.add_row("communication (all)", human_time(p.comm_s), f"{p.overlap:.1%} hidden")
     table.add_row("buckets / algorithm", f"{p.buckets}", p.algorithm)
     table.add_row("bytes sent per rank", f"{p.bytes_sent / 2**20:.2f} MB", "; ".join(p.notes))
+    if p.memory:
+        held = sum(p.memory.values())
+        parts = ", ".join(f"{k.replace('_', ' ')} {v / 2**20:.1f}" for k, v in p.memory.items())
+        table.add_row("memory per rank", f"{held / 2**20:.1f} MB", f"{parts} (Adam's state)")
     if backend == "nccl" and cl.world > 1:
         bus, bound = cost.bus_limit(cl)
         table.add_row("NCCL bus bandwidth per rank", human_rate(bus), bound)

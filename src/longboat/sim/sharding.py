@@ -1,0 +1,77 @@
+"""Sharding (ZeRO stage 1 and 2) in the simulator: what it changes in a step and in memory.
+
+Stage 1 keeps the gradient allreduce, runs the optimizer on 1/d of the elements and then
+all-gathers the updated parameters (exposed: the engine gathers them inside
+``optimizer.step()``). Stage 2 also replaces each bucket's allreduce by a reduce-scatter,
+half an allreduce's steps and bytes, during backward as before. ``d`` is the shard group's
+size (``sharding_degree``, 0: every rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from longboat.collective.sharding.config import ShardingPlan
+from longboat.comm.algorithms import Parts
+from longboat.sim import cost
+from longboat.sim.cluster import Cluster
+from longboat.sim.profile import Profile
+
+#: optimizer-state bytes per parameter byte assumed for the memory estimate: Adam's two
+#: moments in the parameters' dtype (SGD with momentum holds 1, plain SGD 0)
+STATE_PER_PARAM = 2
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """One sharded step's differences from an unsharded one, per rank."""
+
+    stage: int
+    degree: int
+    gather_s: float  # the all-gather of the updated parameters (latency + link)
+    gather_bytes: int  # what this rank sends in it
+
+    def collective(self, allreduce: Parts) -> Parts:
+        """A bucket's collective: its allreduce (stage 1), a reduce-scatter (stage 2)."""
+        if self.stage == 1:
+            return allreduce
+        return allreduce[0] / 2, allreduce[1] / 2
+
+    def sent(self, allreduce_bytes: int) -> int:
+        """Bytes a bucket's collective sends, from its allreduce's."""
+        return allreduce_bytes if self.stage == 1 else allreduce_bytes // 2
+
+    def optimizer_s(self, unsharded_s: float) -> float:
+        """The optimizer on this rank's 1/degree of the elements."""
+        return unsharded_s / self.degree
+
+    def note(self) -> str:
+        scatter = "reduce-scatter, " if self.stage == 2 else ""
+        return (
+            f"sharding stage {self.stage} over {self.degree} ranks: {scatter}optimizer on 1/"
+            f"{self.degree} of the elements, parameters all-gathered after the step"
+        )
+
+
+def sharded(plan: ShardingPlan | None, profile: Profile, cluster: Cluster) -> Sharded | None:
+    """What ``plan`` changes on ``cluster`` (None: no sharding, or a single rank)."""
+    if plan is None or cluster.world <= 1:
+        return None
+    degree = plan.degree_in(cluster.world, 0)
+    group = cluster if degree == cluster.world else cluster.with_devices(degree)
+    param_bytes = sum(p.nbytes for p in profile.params)
+    lat, link = cost.allgather(param_bytes / degree, group)
+    sent = int((degree - 1) * param_bytes / degree)
+    return Sharded(plan.stage, degree, lat + link, sent)
+
+
+def memory_per_rank(profile: Profile, shard: Sharded | None) -> dict[str, int]:
+    """Bytes one rank holds: parameters, gradients, optimizer state (`STATE_PER_PARAM`)."""
+    params = sum(p.nbytes for p in profile.params)
+    degree = shard.degree if shard is not None else 1
+    grads = params // degree if shard is not None and shard.stage == 2 else params
+    return {
+        "parameters": params,
+        "gradients": grads,
+        "optimizer_state": STATE_PER_PARAM * params // degree,
+    }

@@ -1,0 +1,59 @@
+"""longboat sim with sharding: a reduce-scatter in place of the allreduce (stage 2), the
+optimizer on 1/d of the elements, the parameters' all-gather after the step, memory per rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from longboat.sim import cluster as cluster_mod
+from longboat.sim import cost
+from longboat.sim.predict import simulate
+from longboat.strategy import Strategy
+from tests.sim.helpers import linear_profile
+
+EIGHT = cluster_mod.from_dict(
+    {"nodes": 2, "devices_per_node": 4, "inter": {"bandwidth": "10gbit", "latency": "50us"}}
+)
+PROFILE = linear_profile([1024] * 9, backward_s=0.05)
+PARAM_BYTES = sum(p.nbytes for p in PROFILE.params)
+
+
+def _sharded(stage: int, degree: int = 0) -> Strategy:
+    return Strategy(
+        sharding=True, sharding_configs={"stage": stage, "sharding_degree": degree}
+    )
+
+
+def test_stage_1_adds_the_parameter_all_gather_and_splits_the_optimizer() -> None:
+    plain, stage1 = simulate(PROFILE, EIGHT), simulate(PROFILE, EIGHT, _sharded(1))
+    lat, link = cost.allgather(PARAM_BYTES / 8, EIGHT)
+    assert stage1.bytes_sent - plain.bytes_sent == 7 * PARAM_BYTES // 8
+    assert stage1.exposed_comm_s == pytest.approx(plain.exposed_comm_s + lat + link)
+    assert stage1.optimizer_s == pytest.approx(plain.optimizer_s / 8)
+    assert any("sharding stage 1 over 8 ranks" in n for n in stage1.notes)
+
+
+def test_stage_2_reduce_scatters_the_buckets() -> None:
+    stage1, stage2 = simulate(PROFILE, EIGHT, _sharded(1)), simulate(PROFILE, EIGHT, _sharded(2))
+    gathered = 7 * PARAM_BYTES // 8
+    assert stage2.bytes_sent - gathered == pytest.approx((stage1.bytes_sent - gathered) / 2, abs=64)
+    assert stage2.step_s <= stage1.step_s
+
+
+def test_memory_per_rank_follows_the_stage_and_the_degree() -> None:
+    plain = simulate(PROFILE, EIGHT).memory
+    assert plain == {
+        "parameters": PARAM_BYTES,
+        "gradients": PARAM_BYTES,
+        "optimizer_state": 2 * PARAM_BYTES,
+    }
+    assert simulate(PROFILE, EIGHT, _sharded(1)).memory["optimizer_state"] == 2 * PARAM_BYTES // 8
+    assert simulate(PROFILE, EIGHT, _sharded(2)).memory["gradients"] == PARAM_BYTES // 8
+    within_nodes = simulate(PROFILE, EIGHT, _sharded(2, degree=4)).memory
+    assert within_nodes["optimizer_state"] == 2 * PARAM_BYTES // 4
+    assert within_nodes["gradients"] == PARAM_BYTES // 4
+
+
+def test_a_degree_that_does_not_divide_the_world_is_refused() -> None:
+    with pytest.raises(ValueError, match="sharding_degree"):
+        simulate(PROFILE, EIGHT, _sharded(1, degree=3))
