@@ -57,3 +57,27 @@ def test_memory_per_rank_follows_the_stage_and_the_degree() -> None:
 def test_a_degree_that_does_not_divide_the_world_is_refused() -> None:
     with pytest.raises(ValueError, match="sharding_degree"):
         simulate(PROFILE, EIGHT, _sharded(1, degree=3))
+
+
+def test_recommend_proposes_sharding_when_the_state_does_not_fit() -> None:
+    """24 layers 4096 wide: 403 M float32 parameters, 6.4 GB of model state per rank with Adam
+    unsharded, 3.6 GB at stage 1 over 8 ranks, 2.2 GB at stage 2. Cards of 4 GB (80 %: 3.2 GB
+    for the state) leave only stage 2; cards of 1 GB nothing, and the error says so."""
+    from longboat.sim.recommend import recommend
+
+    big = linear_profile([4096] * 25, backward_s=0.5)
+    small_cards = cluster_mod.from_dict(
+        {
+            "nodes": 1,
+            "devices_per_node": 8,
+            "device": {"name": "A10", "memory_gb": 4},
+        }
+    )
+    choices = recommend(big, small_cards, top=50, show=False)
+    assert choices and all(c.fields.get("sharding") for c in choices)
+    assert {c.fields["sharding_configs"]["stage"] for c in choices} == {2}
+    tiny_cards = cluster_mod.from_dict(
+        {"nodes": 1, "devices_per_node": 8, "device": {"name": "A10", "memory_gb": 1}}
+    )
+    with pytest.raises(ValueError, match="no Strategy tried fits.*GB of a A10"):
+        recommend(big, tiny_cards, show=False)

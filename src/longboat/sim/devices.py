@@ -43,6 +43,7 @@ class Device:
     sms: int = 0  # streaming multiprocessors (0: unknown)
     arch: str = "ampere"  # selects NCCL's per-architecture constants (longboat.sim.nccl)
     pcie_bandwidth: float = PCIE_GEN3_X16  # bytes/s per direction of its host link
+    memory: float = 0.0  # bytes of device memory (0: unknown)
 
     @property
     def nvlink_bandwidth(self) -> float:
@@ -73,38 +74,39 @@ class Device:
             "sms": self.sms,
             "arch": self.arch,
             "pcie_bandwidth": rate_text(self.pcie_bandwidth),
+            "memory_gb": self.memory / 1e9,
         }
 
 
 def _table(name: str, fp32: float, tf32: float, half: float, bf16: float, mem: float,
-           links: int, sms: int, arch: str, pcie: float) -> Device:  # fmt: skip
+           links: int, sms: int, arch: str, pcie: float, gb: float) -> Device:  # fmt: skip
     peaks = {"fp32": fp32, "tf32": tf32, "fp16": half, "bf16": bf16}
-    return Device(name, peaks, mem, links, NVLINK_LINK_BW, sms, arch, pcie)
+    return Device(name, peaks, mem, links, NVLINK_LINK_BW, sms, arch, pcie, gb * 1e9)
 
 
 #: Vendor data sheets (dense figures, no sparsity): SXM parts, then PCIe cards. V100 has no TF32
 #: or bf16 tensor cores: those precisions run at the fp32 figure. PCIe: the generation of each
-#: part's host link.
+#: part's host link. Memory: the largest variant sold (V100 32 GB, A100 80 GB).
 DEVICES: dict[str, Device] = {
     "V100": _table("V100", 15.7e12, 15.7e12, 125e12, 15.7e12, 900e9, 6, 80, "volta",
-                   PCIE_GEN3_X16),
+                   PCIE_GEN3_X16, 32),
     "A100": _table("A100", 19.5e12, 156e12, 312e12, 312e12, 2039e9, 12, 108, "ampere",
-                   PCIE_GEN4_X16),
+                   PCIE_GEN4_X16, 80),
     "H100": _table("H100", 67e12, 494.7e12, 989.4e12, 989.4e12, 3350e9, 18, 132, "hopper",
-                   PCIE_GEN5_X16),
+                   PCIE_GEN5_X16, 80),
     "H200": _table("H200", 67e12, 494.7e12, 989.4e12, 989.4e12, 4800e9, 18, 132, "hopper",
-                   PCIE_GEN5_X16),
+                   PCIE_GEN5_X16, 141),
     # PCIe cards: no NVLink of their own (an NVLink bridge is described by intra:
     # {kind: nvlink, links: 12, group: 2}); Ada (L40S, L4) takes Ampere's NCCL constants.
     "A100-PCIe": _table("A100-PCIe", 19.5e12, 156e12, 312e12, 312e12, 1935e9, 0, 108, "ampere",
-                        PCIE_GEN4_X16),
+                        PCIE_GEN4_X16, 80),
     "H100-PCIe": _table("H100-PCIe", 51.2e12, 378e12, 756e12, 756e12, 2000e9, 0, 114, "hopper",
-                        PCIE_GEN5_X16),
+                        PCIE_GEN5_X16, 80),
     "L40S": _table("L40S", 91.6e12, 183e12, 362.05e12, 362.05e12, 864e9, 0, 142, "ampere",
-                   PCIE_GEN4_X16),
+                   PCIE_GEN4_X16, 48),
     "A10": _table("A10", 31.2e12, 62.5e12, 125e12, 125e12, 600e9, 0, 72, "ampere",
-                  PCIE_GEN4_X16),
-    "L4": _table("L4", 30.3e12, 60e12, 121e12, 121e12, 300e9, 0, 58, "ampere", PCIE_GEN4_X16),
+                  PCIE_GEN4_X16, 24),
+    "L4": _table("L4", 30.3e12, 60e12, 121e12, 121e12, 300e9, 0, 58, "ampere", PCIE_GEN4_X16, 24),
 }  # fmt: skip
 
 LAUNCH_S = 5e-6
@@ -132,7 +134,10 @@ def from_dict(data: Mapping[str, Any], where: str = "device") -> Device:
     """A device described by a mapping; with a table ``name`` the given keys override the
     table's figures, otherwise ``peak_flops`` (with fp32) and ``memory_bandwidth`` are
     required."""
-    allowed = {"name", "peak_flops", "memory_bandwidth", "nvlink", "sms", "arch", "pcie_bandwidth"}
+    allowed = {
+        "name", "peak_flops", "memory_bandwidth", "nvlink", "sms", "arch", "pcie_bandwidth",
+        "memory_gb",
+    }  # fmt: skip
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise DeviceError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
@@ -152,6 +157,9 @@ def from_dict(data: Mapping[str, Any], where: str = "device") -> Device:
     for key, value in (("nvlink.links", links), ("sms", sms)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise DeviceError(f"{where}.{key}: a non-negative integer, got {value!r}")
+    gb = data.get("memory_gb", fallback.memory / 1e9)
+    if isinstance(gb, bool) or not isinstance(gb, int | float) or gb < 0:
+        raise DeviceError(f"{where}.memory_gb: device memory in GB (0: unknown), got {gb!r}")
     arch = data.get("arch", fallback.arch)
     if arch not in ARCHS:
         raise DeviceError(f"{where}.arch: {arch!r} is not one of {', '.join(ARCHS)}")
@@ -164,6 +172,7 @@ def from_dict(data: Mapping[str, Any], where: str = "device") -> Device:
         sms,
         arch,
         _rate_or(data, "pcie_bandwidth", fallback.pcie_bandwidth, where),
+        float(gb) * 1e9,
     )
 
 

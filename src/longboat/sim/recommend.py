@@ -27,6 +27,7 @@ from longboat.tools.progress import progress
 CAPS_MB = (1, 2, 4, 16, 32, 64, 128)
 COMMS = (1, 2, 4)
 TIE = 0.005  # relative step-time difference treated as a tie
+FIT = 0.8  # share of device memory the model state may take (activations need the rest)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ def candidates(cluster: Cluster, lossy: bool = False, exact: bool = False) -> li
             out.append(
                 {"allreduce_algorithm": algo, "localsgd": True, "localsgd_configs": {"k_steps": k}}
             )
+    if cluster.world > 1:  # the same results, less memory per rank
+        out += [{"sharding": True, "sharding_configs": {"stage": s}} for s in (1, 2)]
     if cluster.ps is not None:
         out.append({"mode": "ps", "a_sync": False})
     return out
@@ -94,6 +97,7 @@ def recommend(
                 continue
             changed = {k: v for k, v in fields.items() if k not in defaults or defaults[k] != v}
             choices.append(Choice(changed, simulate(profile, cluster, strategy)))
+    choices = fitting(choices, cluster)
     if not choices:
         return []
     best = min(c.prediction.step_s for c in choices)
@@ -103,6 +107,26 @@ def recommend(
         return (not near, len(c.fields) if near else 0, c.prediction.step_s)
 
     return sorted(choices, key=order)[:top]
+
+
+def fitting(choices: list[Choice], cluster: Cluster) -> list[Choice]:
+    """The choices whose model state (parameters, gradients, optimizer state) takes at most
+    `FIT` of a GPU's memory; all of them where the device's memory is unknown. ValueError when
+    none fits, naming what the leanest one needs."""
+    capacity = cluster.spec.memory if cluster.is_gpu else 0.0
+    if not capacity or not choices:
+        return choices
+    held = {id(c): sum(c.prediction.memory.values()) for c in choices}
+    kept = [c for c in choices if held[id(c)] <= FIT * capacity]
+    if not kept:
+        least = min(held.values())
+        raise ValueError(
+            f"no Strategy tried fits: the leanest needs {least / 1e9:.1f} GB of model state per "
+            f"rank (parameters, gradients, Adam's state; activations come on top), over "
+            f"{FIT:.0%} of the {capacity / 1e9:.0f} GB of a {cluster.spec.name}; use more "
+            "devices (sharding splits the state over them), larger devices, or FSDP"
+        )
+    return kept
 
 
 def to_yaml(choice: Choice, header: str = "") -> str:
