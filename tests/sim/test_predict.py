@@ -111,3 +111,25 @@ def test_help(capsys) -> None:  # noqa: ANN001
         main(["sim", "--help"])
     assert exc.value.code == 0
     assert "profile" in capsys.readouterr().out
+
+
+def test_ps_modes_are_the_engine_s_reading_of_the_strategy() -> None:
+    """The simulator takes the mode from PSConfig.from_strategy, as the engine does: half-async
+    (async with use_thread_barrier) pays a barrier per step that async does not."""
+    cl = cluster_mod.from_dict(
+        {"nodes": 2, "devices_per_node": 4, "ps": {"servers": 2, "bandwidth": "10gbit"}}
+    )
+    prof = linear_profile([1024] * 5)
+    run = {
+        name: simulate(prof, cl, Strategy(mode="ps", **fields))
+        for name, fields in {
+            "sync": {"a_sync": False},
+            "async": {"a_sync": True},
+            "half_async": {"a_sync": True, "use_thread_barrier": True},
+        }.items()
+    }
+    for name, prediction in run.items():
+        assert prediction.algorithm.startswith(f"ps {name},")
+    assert run["half_async"].step_s > run["async"].step_s
+    with pytest.raises(ValueError, match="geo-SGD needs a_sync=True"):
+        simulate(prof, cl, Strategy(mode="ps", a_sync=False, a_sync_configs={"k_steps": 4}))

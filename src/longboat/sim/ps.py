@@ -10,11 +10,16 @@ bounds the transfer; each RPC adds the server link's latency twice (request, rep
 * async (``a_sync=True``, ``k_steps <= 0``): trainers do not wait for each other, so a step is
   the larger of a trainer's own ``compute + push + pull`` and the servers' time per step of all
   trainers' traffic;
+* half-async (async with ``use_thread_barrier``): as async, plus the trainers' barrier each step
+  (a round trip to the servers);
 * geo (``k_steps > 0``): local optimizer steps, parameters exchanged every k steps.
+
+The mode is the engine's own reading of the Strategy (`PSConfig.from_strategy`).
 """
 
 from __future__ import annotations
 
+from longboat.ps.config import PSConfig
 from longboat.sim.cluster import Cluster
 from longboat.sim.profile import Profile
 from longboat.strategy import Strategy
@@ -35,17 +40,18 @@ def simulate_ps(profile: Profile, cluster: Cluster, strategy: Strategy):  # noqa
     one_way = transfer + 2 * link.latency
     update = trainers * dense / servers / cluster.mem_bw + prof.optimizer_s / servers
     compute = prof.forward_s + prof.backward_s
-    a_sync = bool(strategy.a_sync)
-    k = int(strategy.a_sync_configs["k_steps"])
-    if not a_sync:  # one call per server: the step's push carries its pull
+    cfg = PSConfig.from_strategy(strategy)
+    k = cfg.k_steps
+    if cfg.mode == "sync":  # one call per server: the step's push carries its pull
         exchange = 2 * transfer + 2 * link.latency
         step, exposed, opt = compute + exchange + update, exchange, update
         kind, comm = "sync", exchange
-    elif k <= 0:
+    elif cfg.mode in ("async", "half_async"):
         server_time = 2 * trainers * dense / servers / link.rate + update
         own = compute + 2 * (dense / trainer_rate + 2 * link.latency)
-        step = max(own, server_time)
-        exposed, opt, kind = step - compute, 0.0, "async"
+        barrier = 2 * link.latency if cfg.mode == "half_async" else 0.0
+        step = max(own, server_time) + barrier
+        exposed, opt, kind = step - compute, 0.0, cfg.mode
         comm = 2 * one_way
     else:
         step = compute + prof.optimizer_s + (2 * one_way + update) / k
