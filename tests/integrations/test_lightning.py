@@ -33,6 +33,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
         True,
     ),
     "longboat amp float16": ({"amp": True, "amp_configs": {"dtype": "float16"}}, {}, False),
+    "sharding stage 2, clipping": (
+        {"sharding": True, "sharding_configs": {"stage": 2}},
+        {"gradient_clip_val": 0.05},
+        False,
+    ),
 }
 POISONED = {"longboat amp float16": 1}  # case -> the step whose loss is made infinite
 TOLERANCE = {"longboat amp float16": 2e-3}  # float16 autocast against the float32 reference

@@ -123,6 +123,8 @@ class LongboatStrategy(DDPStrategy):
         optimizer = self.optimizers[0] if self.optimizers else None
         model, wrapped = distribute(self.model, optimizer, strategy)
         self.model = model
+        if model.plan is not None and model.plan.sharding is not None:
+            clip_through(self.precision_plugin, model, model.plan.sharding.stage)
         if wrapped is not None:
             if getattr(wrapped, "inner", optimizer) is not optimizer:  # LARS/LAMB swapped in
                 for config in self.lr_scheduler_configs:
@@ -184,6 +186,25 @@ def check_precision(strategy: Strategy, plugin: Any) -> None:
             "Keep one: Trainer(precision='32-true') with longboat's AMP, or Strategy(amp=False) "
             "with Lightning's."
         )
+
+
+def clip_through(plugin: Any, model: DistributedModel, stage: int) -> None:
+    """Lightning's ``gradient_clip_val`` under sharding stage 2, where each rank holds a slice
+    of the gradients and ``param.grad`` is None (torch's clipping would clip nothing): by norm
+    through ``model.clip_grad_norm_`` (the norm over every rank's slices); by value refused."""
+    if stage < 2:
+        return
+
+    def by_norm(_optimizer: Any, clip_val: float | int) -> None:
+        model.clip_grad_norm_(float(clip_val))
+
+    def by_value(_optimizer: Any, _clip_val: float | int) -> None:
+        raise ValueError(
+            "gradient_clip_algorithm='value' with sharding stage 2: each rank holds a slice of "
+            "the gradients; clip by norm (the default algorithm), or use sharding stage 1"
+        )
+
+    plugin.clip_grad_by_norm, plugin.clip_grad_by_value = by_norm, by_value
 
 
 def register(registry: Any = StrategyRegistry) -> None:
