@@ -147,6 +147,7 @@ class RecordingSync:
         self.log: list[tuple[str, object]] = []
         self.inside = False
         self.lock = threading.Lock()
+        self.futures: list[_RecordedFuture] = []
 
     def mark(self, device: torch.device) -> str:
         self.log.append(("mark", threading.get_ident()))
@@ -165,7 +166,9 @@ class RecordingSync:
             self.inside = False
 
     def future(self, device: torch.device) -> Future:
-        return _RecordedFuture(self)
+        future = _RecordedFuture(self)
+        self.futures.append(future)
+        return future
 
 
 class _RecordedFuture(Future):
@@ -173,10 +176,15 @@ class _RecordedFuture(Future):
         super().__init__()
         self.sync = sync
         self.completed_inside: bool | None = None
+        self.waited_by: set[int] = set()  # threads whose stream waited for it
 
     def set_result(self, result: object) -> None:
         self.completed_inside = self.sync.inside
         super().set_result(result)
+
+    def wait(self) -> object:
+        self.waited_by.add(threading.get_ident())
+        return super().wait()
 
 
 @pytest.fixture

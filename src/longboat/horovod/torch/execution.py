@@ -10,7 +10,8 @@ ranks that submitted it, and the negotiation goes on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ import torch.distributed as dist
 
 from longboat.collective.buckets import MB, GradSpec, plan_buckets
 from longboat.collective.consistency import broadcast_state
+from longboat.comm.streams import WorkerStreams
 from longboat.horovod.torch.dtypes import scale, unwire, wire
 from longboat.horovod.torch.requests import (
     ALLGATHER,
@@ -47,6 +49,7 @@ class Collectives:
     data: dist.ProcessGroup
     fusion_bytes: int
     _sum: Callable[[torch.Tensor], Any]
+    _streams: WorkerStreams  # the negotiation thread's side streams (GPU)
 
     def _local(self, name: str) -> Work | None:
         raise NotImplementedError
@@ -54,9 +57,25 @@ class Collectives:
     def _done(self, name: str, result: Any = None, error: BaseException | None = None) -> None:
         raise NotImplementedError
 
+    @contextlib.contextmanager
+    def _after_submitters(self, responses: list[Response]) -> Iterator[None]:
+        """On a GPU, run on this thread's side stream once it has waited for every submitting
+        stream's position (the kernels that wrote the inputs); a no-op on the CPU."""
+        with contextlib.ExitStack() as stack:
+            for resp in responses:
+                work = self._local(resp.name)
+                if work is not None and work.handoff is not None:
+                    stack.enter_context(self._streams.running(work.handoff))
+            yield
+
     def _execute(self, responses: list[Response]) -> None:
-        """Run ``responses`` (the same list on every rank): disagreements fail, allreduces fuse by
-        dtype, device, op and scales, broadcasts by root, the rest run one by one."""
+        """Run ``responses`` (the same list on every rank) after their submitting streams:
+        disagreements fail, allreduces fuse by dtype, device, op and scales, broadcasts by
+        root, the rest run one by one."""
+        with self._after_submitters(responses):
+            self._run_responses(responses)
+
+    def _run_responses(self, responses: list[Response]) -> None:
         allreduces: dict[tuple[Any, ...], list[Response]] = {}
         broadcasts: dict[int, list[Response]] = {}
         for resp in responses:

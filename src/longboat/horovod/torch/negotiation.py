@@ -49,6 +49,7 @@ from longboat.collective.buckets import MB
 from longboat.comm import algorithms
 from longboat.comm.exchange import allgather_bytes
 from longboat.comm.groups import make_communicators
+from longboat.comm.streams import WorkerStreams
 from longboat.horovod.torch.execution import Collectives
 from longboat.horovod.torch.requests import (
     ALLGATHER,
@@ -114,6 +115,7 @@ class Controller(Collectives):
         self.world = world
         self.timeout_s = timeout_s
         self.fusion_bytes = int(env_float("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_BYTES))
+        self._streams = WorkerStreams()
         self.cycle_s = env_float("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_MS) / 1000.0
         self.cache_capacity = int(env_float("HOROVOD_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY))
         self.stall_s = env_float("HOROVOD_STALL_CHECK_TIME_SECONDS", DEFAULT_STALL_WARNING_S)
@@ -194,7 +196,7 @@ class Controller(Collectives):
             )
         if work.error is not None:
             raise work.error
-        return work.result
+        return work.ordered_result()
 
     def missing_ranks(self, name: str) -> list[int]:
         with self._cv:

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from longboat.comm.streams import Handoff
+
 
 class HorovodInternalError(RuntimeError):
     """A collective failed: mismatched requests, a dead or stalled peer, or shutdown."""
@@ -88,21 +90,35 @@ class Request:
 
 
 class Work:
-    """One submitted collective on this rank: its request, tensors and eventual result."""
+    """One submitted collective on this rank: its request, tensors and eventual result.
+
+    On a GPU the ``handoff`` carries the submitting stream's position (recorded here, in the
+    caller's thread) to the negotiation thread, and back a device future completed there on
+    its side stream: ``ordered_result`` makes the waiter's stream wait for it.
+    """
 
     def __init__(self, request: Request, tensor: torch.Tensor | None, output: Any = None):
         self.request = request
         self.tensor = tensor
         self.output = output
+        self.handoff = Handoff(tensor) if tensor is not None else None
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
         self.owner: Any = None  # the negotiation it was submitted to
 
     def finish(self, result: Any) -> None:
-        """Deliver ``result`` to the waiter."""
+        """Deliver ``result`` to the waiter (called on the negotiation thread's stream)."""
         self.result = result
+        if self.handoff is not None:
+            self.handoff.future.set_result(result)  # records the side stream's events
         self.done.set()
+
+    def ordered_result(self) -> Any:
+        """The result, with the caller's current stream ordered after the work that wrote it."""
+        if self.handoff is not None:
+            self.handoff.future.wait()
+        return self.result
 
     def fail(self, error: BaseException) -> None:
         """Deliver ``error`` to the waiter."""
