@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 
 import longboat.kvstore as kvstore
-from longboat.ps.auth import generate_token
 from longboat.ps.server import Server
+from longboat.ps.shared.auth import generate_token
 
 
 def median_s(fn: Callable[[], object], repeats: int) -> float:

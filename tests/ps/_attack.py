@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from longboat.ps.client import SERVICE
+from longboat.ps.shared.service import SERVICE
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0, 1, 3, 4, 6, 7

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from longboat.ps.auth import generate_token
 from longboat.ps.server import Server
+from longboat.ps.shared.auth import generate_token
 
 
 @contextlib.contextmanager

@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 
 import longboat as lb
-from longboat.ps import wire
-from longboat.ps.auth import METADATA_KEY, generate_token
-from longboat.ps.client import SERVICE, Client, PSError
-from longboat.ps.wire import Message
+from longboat.ps.client import Client, PSError
+from longboat.ps.shared import wire
+from longboat.ps.shared.auth import METADATA_KEY, generate_token
+from longboat.ps.shared.service import SERVICE
+from longboat.ps.shared.wire import Message
 from tests._dist import free_port
 from tests.collective import _workloads as W
 from tests.ps._harness import server_processes, servers
@@ -223,7 +224,7 @@ def test_restarted_server_resumes_sync_training_from_checkpoint(tmp_path: Path) 
 
 
 def test_token_file_must_be_private(tmp_path: Path) -> None:
-    from longboat.ps.auth import AuthError, load_token, write_token_file
+    from longboat.ps.shared.auth import AuthError, load_token, write_token_file
 
     path = write_token_file(tmp_path / "tok", "secret")
     assert load_token({"LONGBOAT_PS_TOKEN_FILE": str(path)}) == "secret"

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 import longboat as lb
 from longboat.ps.limits import TRAINER_TIMEOUT_ENV, ServerLimits
-from longboat.ps.request import DROPPED, Dropped
+from longboat.ps.shared.request import DROPPED, Dropped
+from longboat.ps.shared.wire import Message
 from longboat.ps.state import ServerState
-from longboat.ps.wire import Message
 from tests.collective import _workloads as W
 from tests.ps._harness import servers
 

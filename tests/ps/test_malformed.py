@@ -24,11 +24,11 @@ import grpc
 import pytest
 import torch
 
-from longboat.ps import wire
-from longboat.ps.auth import METADATA_KEY, generate_token
-from longboat.ps.client import SERVICE
 from longboat.ps.server import CallError, Server
-from longboat.ps.wire import Message
+from longboat.ps.shared import wire
+from longboat.ps.shared.auth import METADATA_KEY, generate_token
+from longboat.ps.shared.service import SERVICE
+from longboat.ps.shared.wire import Message
 from tests.ps._fingerprint import fingerprint
 
 NAN, INF = float("nan"), float("inf")

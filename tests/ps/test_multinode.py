@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from longboat.launch import emulate, netns
-from longboat.ps.auth import generate_token
+from longboat.ps.shared.auth import generate_token
 from tests.collective import _workloads as W
 from tests.launch.test_emulate import _leftovers, _processes_mentioning, needs_netns, run_id
 

@@ -20,14 +20,16 @@ import torch
 import torch.nn.functional as F
 
 import longboat as lb
-from longboat.ps import guard, limits, wire
-from longboat.ps.auth import METADATA_KEY, generate_token
-from longboat.ps.client import SERVICE, Client
+from longboat.ps import guard, limits
+from longboat.ps.client import Client
 from longboat.ps.kv import KVClient
 from longboat.ps.limits import ServerLimits
 from longboat.ps.server import CallError, Server
 from longboat.ps.settings import SettingsMismatch
-from longboat.ps.wire import Message
+from longboat.ps.shared import wire
+from longboat.ps.shared.auth import METADATA_KEY, generate_token
+from longboat.ps.shared.service import SERVICE
+from longboat.ps.shared.wire import Message
 from tests.collective import _workloads as W
 from tests.ps._attack import SlowCalls, SlowFlood, big_calls, memory_kb
 from tests.ps._harness import server_processes

@@ -20,8 +20,8 @@ from torch import nn
 
 import longboat as lb
 from longboat.ps import table_admin
-from longboat.ps.auth import generate_token
 from longboat.ps.client import PSError
+from longboat.ps.shared.auth import generate_token
 from longboat.ps.sparse import SparseEmbedding
 from tests.ps._harness import server_processes
 

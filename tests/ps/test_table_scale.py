@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from longboat.ps import checkpoint, wire
-from longboat.ps.sparse import initial_rows
+from longboat.ps import checkpoint
+from longboat.ps.shared import wire
+from longboat.ps.shared.rows import initial_rows
+from longboat.ps.shared.wire import Message
 from longboat.ps.state import ServerState
 from longboat.ps.table_store import _ADMIT_SALT
-from longboat.ps.wire import Message
 
 DIM, KEY, SCALE = 4, 7, 0.1
 U64 = (1 << 64) - 1

@@ -7,8 +7,8 @@ import struct
 import pytest
 import torch
 
-from longboat.ps import wire
-from longboat.ps.wire import Message, WireError
+from longboat.ps.shared import wire
+from longboat.ps.shared.wire import Message, WireError
 
 
 def test_round_trip_keeps_dtype_shape_bytes_and_meta() -> None:

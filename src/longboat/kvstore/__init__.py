@@ -57,8 +57,8 @@ def create(
     if not kind.dist:
         return KVStore(name, KVClient(LocalServers(1), reduce="sum"), 0, 1)
     from longboat.launch.roles import is_server
-    from longboat.ps import auth
     from longboat.ps.engine import cluster_from_env
+    from longboat.ps.shared import auth
 
     if servers is None and is_server():
         from longboat.ps.server import run_server

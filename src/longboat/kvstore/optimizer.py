@@ -1,5 +1,5 @@
 """What ``KVStore.set_optimizer`` takes: MXNet's optimizer names and arguments, run as torch's
-optimizers on the servers (``longboat.ps.optim``).
+optimizers on the servers (``longboat.ps.shared.optim``).
 
     kv.set_optimizer(kvstore.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=1/256))
     kv.set_optimizer(kvstore.optimizer.create("adam", learning_rate=1e-3))
@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from longboat.ps.optim import check_hparams, describe_torch_optimizer
+from longboat.ps.shared.optim import check_hparams, describe_torch_optimizer
 
 
 @dataclass(frozen=True)
 class Optimizer:
-    """A server optimizer: ``name`` of ``longboat.ps.optim.HPARAMS``, its hyper-parameters
+    """A server optimizer: ``name`` of ``longboat.ps.shared.optim.HPARAMS``, its hyper-parameters
     (torch's names) and the gradient scale applied on the worker."""
 
     name: str

@@ -6,7 +6,7 @@ Two variants with the same initial values: ``sparse=True`` holds the table in an
 ``lb.ps.SparseEmbedding`` (parameter-server mode: only the rows a batch uses travel), and
 ``sparse=False`` in an ``nn.Embedding`` (collective mode: its gradient is a dense
 ``rows x dim`` tensor, allreduced every step). The table starts from
-``longboat.ps.sparse.initial_rows`` (a function of (seed, row id)), the tower from
+``longboat.ps.shared.rows.initial_rows`` (a function of (seed, row id)), the tower from
 ``torch.manual_seed(seed)``. ``make_optimizer`` gives both variants the same Adagrad.
 """
 
@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from longboat.data.ctr import CTRConfig
-from longboat.ps.sparse import SparseEmbedding, initial_rows
+from longboat.ps.shared.rows import initial_rows
+from longboat.ps.sparse import SparseEmbedding
 
 TABLE = "ctr_ids"
 

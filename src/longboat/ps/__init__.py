@@ -31,7 +31,7 @@ _EXPORTS: dict[str, str] = {
     "Client": "longboat.ps.client",
     "KVClient": "longboat.ps.kv",
     "make_plan": "longboat.ps.plan",
-    "generate_token": "longboat.ps.auth",
+    "generate_token": "longboat.ps.shared.auth",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -14,8 +14,8 @@ import torch
 
 from longboat.ps import schema
 from longboat.ps.blocks import DenseBlock, apply_block
-from longboat.ps.request import RequestError, StaleStep
 from longboat.ps.roster import TrainerRoster
+from longboat.ps.shared.request import RequestError, StaleStep
 from longboat.ps.tables import Table, apply_rows
 
 Holder = DenseBlock | Table

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from longboat.ps import optim
-from longboat.ps.request import RequestError, meta_int
+from longboat.ps.shared import optim
+from longboat.ps.shared.request import RequestError, meta_int
 
 UPDATES = ("optimizer", "sum", "delta", "assign")
 REDUCES = ("mean", "sum")

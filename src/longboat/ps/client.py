@@ -17,29 +17,17 @@ from typing import Any
 
 import grpc
 
-from longboat.ps import auth, wire
-from longboat.ps.request import PULL_AFTER_PUSH
-from longboat.ps.wire import Message
-from longboat.trace import stall as _stall
-
-SERVICE = "longboat.ps.ParameterServer"
-METHODS = (
-    "init",
-    "push",
-    "pull",
-    "barrier",
-    "ping",
-    "save",
-    "restore",
-    "configure",
-    "stop",
-    "hello",
-    "join",
+from longboat.ps.shared import auth, wire
+from longboat.ps.shared.request import PULL_AFTER_PUSH
+from longboat.ps.shared.service import (
+    MAX_MESSAGE_ENV,
+    METHODS,
+    SERVICE,
+    default_timeout,
+    max_message_bytes,
 )
-DEFAULT_TIMEOUT_S = 120.0
-DEFAULT_MAX_MESSAGE_MB = 256
-TIMEOUT_ENV = "LONGBOAT_PS_TIMEOUT"
-MAX_MESSAGE_ENV = "LONGBOAT_PS_MAX_MESSAGE_MB"
+from longboat.ps.shared.wire import Message
+from longboat.trace import stall as _stall
 
 
 class PSError(RuntimeError):
@@ -48,14 +36,6 @@ class PSError(RuntimeError):
     def __init__(self, message: str, server: int = -1, endpoint: str = "", code: str = ""):
         super().__init__(message)
         self.server, self.endpoint, self.code = server, endpoint, code
-
-
-def default_timeout() -> float:
-    return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
-
-
-def max_message_bytes() -> int:
-    return int(float(os.environ.get(MAX_MESSAGE_ENV, DEFAULT_MAX_MESSAGE_MB)) * (1 << 20))
 
 
 def channel_options(max_bytes: int) -> list[tuple[str, int]]:

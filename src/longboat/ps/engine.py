@@ -18,18 +18,19 @@ from torch import nn
 
 from longboat.log import get_logger
 from longboat.ownership import admit
-from longboat.ps import auth, modes, settings, table_admin
+from longboat.ps import modes, settings, table_admin
 from longboat.ps.active_engine import current, make_current, release
 from longboat.ps.client import Call, Client, PSError, ReplyWatch
 from longboat.ps.config import PSConfig, cluster_from_env
-from longboat.ps.optim import describe_torch_optimizer
 from longboat.ps.params import DenseParams, part
 from longboat.ps.plan import make_plan
 from longboat.ps.recovery import Recovery, RecoveryContext
-from longboat.ps.request import DROPPED
+from longboat.ps.shared import auth
+from longboat.ps.shared.optim import describe_torch_optimizer
+from longboat.ps.shared.request import DROPPED
+from longboat.ps.shared.wire import Message
 from longboat.ps.sparse import SparseEmbedding, SparseLookups
 from longboat.ps.table_configs import apply_sparse_table_configs
-from longboat.ps.wire import Message
 from longboat.ps.wrappers import PSModel, PSOptimizer
 from longboat.recompute import apply_recompute
 from longboat.trace.ps import StallExplainer, make_observer

@@ -29,7 +29,7 @@ from longboat.ps import settings
 from longboat.ps.client import Client
 from longboat.ps.local import LocalServers
 from longboat.ps.plan import DEFAULT_MAX_BLOCK_NUMEL, DEFAULT_MIN_BLOCK_SIZE, split_rows
-from longboat.ps.wire import Message, chunks_by_bytes
+from longboat.ps.shared.wire import Message, chunks_by_bytes
 
 _PREFIX = "kv:"
 # what a part carries to its server: a push's rows; a pull's ids, or None for a whole block

@@ -12,8 +12,8 @@ import torch
 
 from longboat.ps.client import Call, Client
 from longboat.ps.plan import Block, ShardingPlan
-from longboat.ps.request import PULL_AFTER_PUSH
-from longboat.ps.wire import Message, chunks_by_bytes
+from longboat.ps.shared.request import PULL_AFTER_PUSH
+from longboat.ps.shared.wire import Message, chunks_by_bytes
 
 Waiting = Callable[[str], contextlib.AbstractContextManager[Any]]
 

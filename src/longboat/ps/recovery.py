@@ -26,8 +26,8 @@ from longboat.log import get_logger
 from longboat.ps import table_admin
 from longboat.ps.client import Client, PSError
 from longboat.ps.params import DenseParams, wait_all
+from longboat.ps.shared.wire import Message
 from longboat.ps.sparse import RowGrads, SparseLookups
-from longboat.ps.wire import Message
 
 log = get_logger("longboat.ps")
 

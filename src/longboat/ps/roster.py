@@ -15,7 +15,7 @@ from typing import Any
 
 from longboat.log import get_logger
 from longboat.ps.limits import TRAINER_TIMEOUT_ENV
-from longboat.ps.request import DROPPED, Dropped
+from longboat.ps.shared.request import DROPPED, Dropped
 
 GONE = math.inf  # TrainerRoster.back_at of a dropped trainer that has not rejoined
 

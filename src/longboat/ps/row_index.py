@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from longboat.ps.sparse import _splitmix
+from longboat.ps.shared.rows import splitmix
 
 MAX_LOAD = 0.5
 _MIN_BUCKETS = 1024
 
 
 def _home(ids: torch.Tensor, mask: int) -> torch.Tensor:
-    return _splitmix(ids) & mask
+    return splitmix(ids) & mask
 
 
 class RowIndex:

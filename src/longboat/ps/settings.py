@@ -16,9 +16,10 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from longboat.ps import wire
-from longboat.ps.client import MAX_MESSAGE_ENV, PSError
-from longboat.ps.wire import Message
+from longboat.ps.client import PSError
+from longboat.ps.shared import wire
+from longboat.ps.shared.service import MAX_MESSAGE_ENV
+from longboat.ps.shared.wire import Message
 
 OWN = ("wire_version", "num_servers", "server_index", "max_message_bytes")  # the server's own
 

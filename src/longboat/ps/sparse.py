@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from longboat.ps.client import PSError
-from longboat.ps.optim import ROW_STATES
-from longboat.ps.wire import Message
+from longboat.ps.shared.optim import ROW_STATES
+from longboat.ps.shared.rows import initial_rows
+from longboat.ps.shared.wire import Message
 
 if TYPE_CHECKING:
     from longboat.ps.client import Call, Client
@@ -28,35 +29,12 @@ Lookup = tuple["SparseEmbedding", torch.Tensor, torch.Tensor]
 #: a step's row gradients of each table: table name -> (ids, one gradient row per id)
 RowGrads = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
-_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
-_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
-_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
-
-
-def _splitmix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64 on int64 tensors (wrap-around multiply; logical shifts via masks)."""
-    x = x + _GOLDEN
-    x = (x ^ ((x >> 30) & ((1 << 34) - 1))) * _MIX1
-    x = (x ^ ((x >> 27) & ((1 << 37) - 1))) * _MIX2
-    return x ^ ((x >> 31) & ((1 << 33) - 1))
-
-
-def initial_rows(
-    ids: torch.Tensor, dim: int, seed: int, scale: float, dtype: torch.dtype
-) -> torch.Tensor:
-    """Rows ``ids`` of the initial table: uniform in [-scale, scale), a pure function of the ids."""
-    cells = ids.to(torch.int64).unsqueeze(1) * dim + torch.arange(dim, dtype=torch.int64)
-    bits = _splitmix(_splitmix(cells) ^ seed)
-    unit = ((bits >> 11) & ((1 << 53) - 1)).to(torch.float64) / float(1 << 53)
-    return ((unit * 2 - 1) * scale).to(dtype)
-
-
 class SparseEmbedding(nn.Module):
     """An embedding table held by the parameter servers (use it inside a model given to
     ``lb.distribute`` with ``Strategy(mode="ps")``).
 
     ``optimizer`` is "sgd", "adagrad" or "adam" with ``hparams`` (``lr`` and the optimizer's
-    own keys, see ``longboat.ps.optim.HPARAMS``); it runs on the servers, per touched row.
+    own keys, see ``longboat.ps.shared.optim.HPARAMS``); it runs on the servers, per touched row.
 
     ``lazy=True`` (implied by ``num_embeddings=None``: any int64 id) creates rows on the
     servers on their first admitted update: ``admit_count`` (updates before a row exists) or

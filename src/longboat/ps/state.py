@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from longboat.log import get_logger
-from longboat.ps import schema, wire
+from longboat.ps import schema
 from longboat.ps.aggregation import Holder, PushAggregator
 from longboat.ps.barriers import Barriers
 from longboat.ps.blocks import (
@@ -39,11 +39,12 @@ from longboat.ps.blocks import (
     make_block,
 )
 from longboat.ps.limits import TRAINER_TIMEOUT_ENV
-from longboat.ps.request import Closing, RequestError, StaleStep
 from longboat.ps.roster import TrainerRoster
 from longboat.ps.schema import SCOPES
+from longboat.ps.shared import wire
+from longboat.ps.shared.request import Closing, RequestError, StaleStep
+from longboat.ps.shared.wire import Message
 from longboat.ps.tables import Table, load_table, make_table, read_rows, table_state
-from longboat.ps.wire import Message
 
 log = get_logger("longboat.ps")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from longboat.ps.active_engine import current
-from longboat.ps.wire import Message
+from longboat.ps.shared.wire import Message
 
 
 def _client() -> Any:

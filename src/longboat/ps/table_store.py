@@ -2,7 +2,7 @@
 
 Rows live in slot order (``RowIndex`` maps ids to slots) in tensors that grow by half when
 full. A row is created when an update reaches an id its ``Admission`` admits; until then a
-lookup returns the row's initial value (``sparse.initial_rows``: a pure function of the table's
+lookup returns the row's initial value (``shared.rows.initial_rows``: a pure function of the table's
 initial-value key and the id, so a lazy table reads like a preallocated one) and its updates are
 dropped. Rows may be stored in float16 or bfloat16: the optimizer gathers the touched rows,
 computes in float32 and rounds back; optimizer state stays float32 (Adagrad sums and Adam
@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
-from longboat.ps import optim, row_file
+from longboat.ps import row_file
 from longboat.ps.malloc_tuning import keep_buffers
-from longboat.ps.request import RequestError
 from longboat.ps.row_index import RowIndex
-from longboat.ps.sparse import _splitmix, initial_rows
+from longboat.ps.shared import optim
+from longboat.ps.shared.request import RequestError
+from longboat.ps.shared.rows import initial_rows, splitmix
 
 _INSERT_ROWS = 1 << 16  # rows moved or put into the index at a time (loading, eviction)
 _ADMIT_SALT = 0x5DEECE66D  # keeps the admission draw independent of the initial values
@@ -41,7 +42,7 @@ class Admission:
         """Whether each id passes the probability draw (a bool mask)."""
         if self.probability >= 1.0:
             return torch.ones(len(ids), dtype=torch.bool)
-        bits = _splitmix(_splitmix(ids) ^ (self.key ^ _ADMIT_SALT))
+        bits = splitmix(splitmix(ids) ^ (self.key ^ _ADMIT_SALT))
         unit = ((bits >> 11) & ((1 << 53) - 1)).to(torch.float64) / float(1 << 53)
         return unit < self.probability
 

@@ -46,7 +46,7 @@ DTYPES: tuple[torch.dtype, ...] = (
 _CODE = {dtype: code for code, dtype in enumerate(DTYPES)}
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
-    raise ImportError("longboat.ps.wire needs a little-endian machine")
+    raise ImportError("longboat.ps.shared.wire needs a little-endian machine")
 
 
 class WireError(ValueError):
