@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from longboat.optim.staged import ALREADY_DISTRIBUTED, is_distributed
+from longboat.optim.staged import already_distributed, is_distributed
 
 
 class ForeignParameterError(ValueError):
@@ -21,7 +21,7 @@ def admit(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
     that a distribute call already returned is refused, and so is one holding parameters
     outside ``model``. Before any hook or connection is made."""
     if optimizer is not None and is_distributed(optimizer):
-        raise ValueError(f"{ALREADY_DISTRIBUTED}: use the optimizer it returned")
+        raise ValueError(f"{already_distributed(optimizer)}: use the optimizer it returned")
     check_optimizer_owns_model_params(model, optimizer)
 
 

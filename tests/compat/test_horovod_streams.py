@@ -51,3 +51,21 @@ def test_every_kind_of_op_is_ordered(recorded) -> None:
     hvd.grouped_allreduce([torch.ones(2), torch.ones(3)], name="grouped")
     assert all(f.completed_inside for f in sync.futures if f.done())
     assert sum(1 for e in sync.log if e[0] == "enter") >= 4
+
+
+def test_an_optimizer_is_distributed_by_one_wrapper_only(recorded) -> None:
+    """hvd.DistributedOptimizer and lb.distribute each average gradients: handing one's
+    optimizer to the other would average them twice, at twice the communication."""
+    _, hvd = recorded
+    import longboat as lb
+
+    model = torch.nn.Linear(3, 2)
+    wrapped = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    with pytest.raises(ValueError, match="already passed to hvd.DistributedOptimizer"):
+        lb.distribute(model, wrapped, lb.Strategy())
+    other = torch.nn.Linear(3, 2)
+    _, staged = lb.distribute(other, torch.optim.SGD(other.parameters(), lr=0.1), lb.Strategy())
+    with pytest.raises(ValueError, match="already passed to lb.distribute.*plain optimizer"):
+        hvd.DistributedOptimizer(staged, named_parameters=other.named_parameters())

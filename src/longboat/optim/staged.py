@@ -32,9 +32,15 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-__all__ = ["ALREADY_DISTRIBUTED", "Stage", "StageKind", "StagedOptimizer", "is_distributed"]
-
-ALREADY_DISTRIBUTED = "this optimizer was already passed to lb.distribute"
+__all__ = [
+    "Stage",
+    "StageKind",
+    "StagedOptimizer",
+    "already_distributed",
+    "claim",
+    "claimed_by",
+    "is_distributed",
+]
 
 
 class StageKind(enum.IntEnum):
@@ -109,11 +115,37 @@ class EvaluatedClosure:
 _inners: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
 
-def is_distributed(optimizer: object) -> bool:
-    """Whether ``optimizer`` is a `StagedOptimizer` or the inner optimizer of one."""
-    return isinstance(optimizer, StagedOptimizer) or (
+_claims: weakref.WeakKeyDictionary[torch.optim.Optimizer, str] = weakref.WeakKeyDictionary()
+
+
+def claim(optimizer: torch.optim.Optimizer, by: str) -> None:
+    """Record that ``by`` (e.g. ``"hvd.DistributedOptimizer"``) averages the gradients of
+    ``optimizer``'s parameters: ``lb.distribute`` and every other wrapper then refuse it (the
+    gradients would be averaged twice, at twice the communication)."""
+    _claims[optimizer] = by
+
+
+def claimed_by(optimizer: object) -> str | None:
+    """Who already distributes ``optimizer`` (``"lb.distribute"`` for a `StagedOptimizer` or
+    its inner), or None."""
+    if isinstance(optimizer, StagedOptimizer) or (
         isinstance(optimizer, torch.optim.Optimizer) and optimizer in _inners
-    )
+    ):
+        return "lb.distribute"
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return _claims.get(optimizer)
+    return None
+
+
+def is_distributed(optimizer: object) -> bool:
+    """Whether ``optimizer`` is a `StagedOptimizer`, the inner optimizer of one, or an
+    optimizer another wrapper claimed (`claim`)."""
+    return claimed_by(optimizer) is not None
+
+
+def already_distributed(optimizer: object) -> str:
+    """The refusal for an optimizer that `claimed_by` names."""
+    return f"this optimizer was already passed to {claimed_by(optimizer)}"
 
 
 class StagedOptimizer(torch.optim.Optimizer):
@@ -128,7 +160,7 @@ class StagedOptimizer(torch.optim.Optimizer):
     def __init__(self, inner: torch.optim.Optimizer, stages: Iterable[Stage] = ()) -> None:
         # no Optimizer.__init__: the param groups, state, defaults and hooks are the inner's
         if is_distributed(inner):
-            raise ValueError(f"{ALREADY_DISTRIBUTED}: use the optimizer it returned")
+            raise ValueError(f"{already_distributed(inner)}: use the optimizer it returned")
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"expected a torch.optim.Optimizer, got {type(inner).__name__}")
         self.inner = inner

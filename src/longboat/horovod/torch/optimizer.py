@@ -61,6 +61,7 @@ from longboat.horovod.torch.ops import (
     synchronize,
 )
 from longboat.horovod.torch.sparse import sparse_allreduce_async
+from longboat.optim.staged import already_distributed, claim, is_distributed
 from longboat.strategy import Strategy
 
 _MORE_PASSES = (
@@ -274,6 +275,11 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         lone._parameter_names = _parameter_names(_all_named(optimizer, named_parameters))
         return lone
     set_size(process_set)  # ValueError for a set that is not registered
+    if is_distributed(optimizer):  # its gradients are averaged already: twice is refused
+        raise ValueError(
+            f"{already_distributed(optimizer)}: pass hvd.DistributedOptimizer the plain "
+            "optimizer, and use one of the two"
+        )
     dopt = _new_like(optimizer, _DistributedOptimizer)
     op = ReduceOp(int(op))
     if op == ReduceOp.Adasum:
@@ -326,6 +332,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     dopt._parameter_names = _parameter_names(every_named)
     _live[:] = [ref for ref in _live if ref() is not None]
     _live.append(weakref.ref(dopt))
+    claim(dopt, "hvd.DistributedOptimizer")  # lb.distribute would average its grads again
     return dopt
 
 
