@@ -13,8 +13,8 @@ import torch
 
 import longboat.kvstore as kvstore
 from longboat.ps.kv import KVClient
-from longboat.ps.local import LocalServers
 from longboat.ps.server import Server
+from longboat.ps.server.local import LocalServers
 from longboat.ps.shared import wire
 from longboat.ps.shared.request import RequestError
 from longboat.ps.shared.wire import Message

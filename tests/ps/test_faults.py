@@ -234,8 +234,8 @@ def test_token_file_must_be_private(tmp_path: Path) -> None:
 
 
 def test_periodic_checkpoints_hold_the_values_of_their_step(tmp_path: Path) -> None:
-    from longboat.ps import checkpoint
     from longboat.ps.kv import KVClient
+    from longboat.ps.server import checkpoint
 
     with servers(1, checkpoint_dir=tmp_path, checkpoint_every=2) as (eps, token):
         kv = KVClient(eps, token, sync=True, optimizer="sgd", hparams={"lr": 1.0})
@@ -263,7 +263,7 @@ def test_second_backward_with_overlap_is_refused_not_lost() -> None:
 def test_every_trainer_saving_at_once_writes_each_step_once(tmp_path: Path) -> None:
     """The documented flow: every trainer calls ``lb.ps.save()`` after its loop, at the same
     step. One checkpoint per server and step, written once, loadable; both calls get the step."""
-    from longboat.ps import checkpoint
+    from longboat.ps.server import checkpoint
 
     with servers(2, checkpoint_dir=tmp_path) as (eps, token):
         trainers = _engines(eps, token, 2)

@@ -45,8 +45,8 @@ def test_sync_pushes_are_averaged_then_sgd_applied_once() -> None:
 
 
 def test_configure_between_steps_only_and_reduce_survives_checkpoints() -> None:
+    from longboat.ps.server.state import RequestError, ServerState
     from longboat.ps.shared.wire import Message
-    from longboat.ps.state import RequestError, ServerState
 
     state = ServerState(0, 1)
     spec = {"key": "k", "update": "assign", "reduce": "sum"}
@@ -71,8 +71,8 @@ def test_configure_between_steps_only_and_reduce_survives_checkpoints() -> None:
 def test_sync_step_with_two_learning_rates_is_refused_naming_both() -> None:
     """The connect-time check leaves the learning rate out (schedulers change it): every sync
     push carries it, and a step whose trainers disagree is refused instead of applied."""
+    from longboat.ps.server.state import RequestError, ServerState
     from longboat.ps.shared.wire import Message
-    from longboat.ps.state import RequestError, ServerState
 
     state = ServerState(0, 1)
     sgd = {"key": "k", "update": "optimizer", "optimizer": "sgd", "hparams": {"lr": 1.0}}

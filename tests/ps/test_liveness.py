@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 
 import longboat as lb
-from longboat.ps.limits import TRAINER_TIMEOUT_ENV, ServerLimits
+from longboat.ps.server.limits import TRAINER_TIMEOUT_ENV, ServerLimits
+from longboat.ps.server.state import ServerState
 from longboat.ps.shared.request import DROPPED, Dropped
 from longboat.ps.shared.wire import Message
-from longboat.ps.state import ServerState
 from tests.collective import _workloads as W
 from tests.ps._harness import servers
 

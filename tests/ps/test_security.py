@@ -20,11 +20,10 @@ import torch
 import torch.nn.functional as F
 
 import longboat as lb
-from longboat.ps import guard, limits
 from longboat.ps.client import Client
 from longboat.ps.kv import KVClient
-from longboat.ps.limits import ServerLimits
-from longboat.ps.server import CallError, Server
+from longboat.ps.server import CallError, Server, guard, limits
+from longboat.ps.server.limits import ServerLimits
 from longboat.ps.settings import SettingsMismatch
 from longboat.ps.shared import wire
 from longboat.ps.shared.auth import METADATA_KEY, generate_token

@@ -14,15 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-from longboat.ps import checkpoint
 from longboat.ps.config import PSConfig
 from longboat.ps.recovery import _SERVER_LOST
-from longboat.ps.server import CallError, Server
+from longboat.ps.server import CallError, Server, checkpoint
+from longboat.ps.server.state import ServerState
 from longboat.ps.shared import wire
 from longboat.ps.shared.auth import generate_token
 from longboat.ps.shared.request import StaleStep
 from longboat.ps.shared.wire import Message
-from longboat.ps.state import ServerState
 from tests.collective import _workloads as W
 from tests.ps._harness import server_processes
 from tests.ps.test_faults import _all, _engines, _step, _steps

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from longboat.ps import checkpoint
+from longboat.ps.server import checkpoint
+from longboat.ps.server.state import ServerState
+from longboat.ps.server.table_store import _ADMIT_SALT
 from longboat.ps.shared import wire
 from longboat.ps.shared.rows import initial_rows
 from longboat.ps.shared.wire import Message
-from longboat.ps.state import ServerState
-from longboat.ps.table_store import _ADMIT_SALT
 
 DIM, KEY, SCALE = 4, 7, 0.1
 U64 = (1 << 64) - 1
@@ -337,7 +337,7 @@ def test_lazy_table_in_a_sync_job_matches_the_single_process_reference() -> None
 
 
 def test_shrink_of_many_chunks_keeps_each_row_with_its_id() -> None:
-    from longboat.ps.table_store import Admission, LazyRows
+    from longboat.ps.server.table_store import Admission, LazyRows
 
     rows = LazyRows(2, torch.float32, "adagrad", {"lr": 1.0, "lr_decay": 0.0, "eps": 1e-10,
                     "initial_accumulator_value": 0.0}, key=1, scale=0.1,

@@ -242,8 +242,8 @@ def test_stalled_trainer_learns_from_the_server_which_trainer_is_late() -> None:
 
 
 def test_server_names_missing_pushes_and_barrier_arrivals() -> None:
+    from longboat.ps.server.state import ServerState
     from longboat.ps.shared.wire import Message
-    from longboat.ps.state import ServerState
 
     state = ServerState(0, 1)
     spec = {"key": "k", "update": "assign"}

@@ -37,7 +37,7 @@ from longboat.kvstore.sparse import RowSparse, row_sparse_array
 from longboat.kvstore.store import KVStore
 from longboat.kvstore.types import TYPES, kind_of
 from longboat.ps.kv import KVClient
-from longboat.ps.local import LocalServers
+from longboat.ps.server.local import LocalServers
 
 
 def create(

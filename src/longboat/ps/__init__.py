@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
-    "run_server": "longboat.ps.server",
-    "Server": "longboat.ps.server",
+    "run_server": "longboat.ps.server.rpc",
+    "Server": "longboat.ps.server.rpc",
     "SparseEmbedding": "longboat.ps.sparse",
     "distribute": "longboat.ps.engine",
     "save": "longboat.ps.engine",
@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "PSConfig": "longboat.ps.engine",
     "PSError": "longboat.ps.client",
     "SettingsMismatch": "longboat.ps.settings",
-    "ServerLimits": "longboat.ps.limits",
+    "ServerLimits": "longboat.ps.server.limits",
     "Client": "longboat.ps.client",
     "KVClient": "longboat.ps.kv",
     "make_plan": "longboat.ps.plan",

@@ -27,8 +27,8 @@ import torch
 
 from longboat.ps import settings
 from longboat.ps.client import Client
-from longboat.ps.local import LocalServers
 from longboat.ps.plan import DEFAULT_MAX_BLOCK_NUMEL, DEFAULT_MIN_BLOCK_SIZE, split_rows
+from longboat.ps.server.local import LocalServers
 from longboat.ps.shared.wire import Message, chunks_by_bytes
 
 _PREFIX = "kv:"

@@ -29,6 +29,7 @@ Lookup = tuple["SparseEmbedding", torch.Tensor, torch.Tensor]
 #: a step's row gradients of each table: table name -> (ids, one gradient row per id)
 RowGrads = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
+
 class SparseEmbedding(nn.Module):
     """An embedding table held by the parameter servers (use it inside a model given to
     ``lb.distribute`` with ``Strategy(mode="ps")``).

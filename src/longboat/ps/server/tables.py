@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from longboat.log import get_logger
+from longboat.ps.server.table_store import Admission, LazyRows
 from longboat.ps.shared import optim
 from longboat.ps.shared.request import RequestError, meta_int
 from longboat.ps.shared.rows import initial_rows
-from longboat.ps.table_store import Admission, LazyRows
 
 log = get_logger("longboat.ps")
 

@@ -33,13 +33,13 @@ import grpc
 
 from longboat.cluster.env import variable
 from longboat.log import get_logger
-from longboat.ps import checkpoint, guard, schema
-from longboat.ps.limits import ServerLimits
+from longboat.ps.server import checkpoint, guard, schema
+from longboat.ps.server.limits import ServerLimits
+from longboat.ps.server.state import ServerState
 from longboat.ps.shared import auth, wire
 from longboat.ps.shared.request import Closing, RequestError, StaleStep
 from longboat.ps.shared.service import METHODS, SERVICE, max_message_bytes
 from longboat.ps.shared.wire import Message, WireError
-from longboat.ps.state import ServerState
 
 log = get_logger("longboat.ps")
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from longboat.ps import row_file
-from longboat.ps.malloc_tuning import keep_buffers
-from longboat.ps.row_index import RowIndex
+from longboat.ps.server import row_file
+from longboat.ps.server.malloc_tuning import keep_buffers
+from longboat.ps.server.row_index import RowIndex
 from longboat.ps.shared import optim
 from longboat.ps.shared.request import RequestError
 from longboat.ps.shared.rows import initial_rows, splitmix

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from longboat.log import get_logger
-from longboat.ps import schema
-from longboat.ps.aggregation import Holder, PushAggregator
-from longboat.ps.barriers import Barriers
-from longboat.ps.blocks import (
+from longboat.ps.server import schema
+from longboat.ps.server.aggregation import Holder, PushAggregator
+from longboat.ps.server.barriers import Barriers
+from longboat.ps.server.blocks import (
     REDUCES,
     UPDATES,
     DenseBlock,
@@ -38,13 +38,13 @@ from longboat.ps.blocks import (
     load_block,
     make_block,
 )
-from longboat.ps.limits import TRAINER_TIMEOUT_ENV
-from longboat.ps.roster import TrainerRoster
-from longboat.ps.schema import SCOPES
+from longboat.ps.server.limits import TRAINER_TIMEOUT_ENV
+from longboat.ps.server.roster import TrainerRoster
+from longboat.ps.server.schema import SCOPES
+from longboat.ps.server.tables import Table, load_table, make_table, read_rows, table_state
 from longboat.ps.shared import wire
 from longboat.ps.shared.request import Closing, RequestError, StaleStep
 from longboat.ps.shared.wire import Message
-from longboat.ps.tables import Table, load_table, make_table, read_rows, table_state
 
 log = get_logger("longboat.ps")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from longboat.log import get_logger
-from longboat.ps.limits import TRAINER_TIMEOUT_ENV
+from longboat.ps.server.limits import TRAINER_TIMEOUT_ENV
 from longboat.ps.shared.request import DROPPED, Dropped
 
 GONE = math.inf  # TrainerRoster.back_at of a dropped trainer that has not rejoined

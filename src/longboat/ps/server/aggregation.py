@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import torch
 
-from longboat.ps import schema
-from longboat.ps.blocks import DenseBlock, apply_block
-from longboat.ps.roster import TrainerRoster
+from longboat.ps.server import schema
+from longboat.ps.server.blocks import DenseBlock, apply_block
+from longboat.ps.server.roster import TrainerRoster
+from longboat.ps.server.tables import Table, apply_rows
 from longboat.ps.shared.request import RequestError, StaleStep
-from longboat.ps.tables import Table, apply_rows
 
 Holder = DenseBlock | Table
 

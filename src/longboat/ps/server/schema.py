@@ -23,11 +23,11 @@ from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
 
 import torch
 
-from longboat.ps.blocks import REDUCES, UPDATES, DenseBlock
+from longboat.ps.server.blocks import REDUCES, UPDATES, DenseBlock
+from longboat.ps.server.tables import FLOAT_DTYPES, Table, local_rows
 from longboat.ps.shared import optim
 from longboat.ps.shared.request import PULL_AFTER_PUSH, RequestError
 from longboat.ps.shared.wire import Message
-from longboat.ps.tables import FLOAT_DTYPES, Table, local_rows
 
 INT64_MAX = (1 << 63) - 1
 MAX_TRAINERS = 1 << 16  # trainers of one job (the servers keep per-trainer records)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from longboat.ps.server.state import ServerState
 from longboat.ps.shared import wire
 from longboat.ps.shared.service import default_timeout, max_message_bytes
 from longboat.ps.shared.wire import Message
-from longboat.ps.state import ServerState
 
 _CALLS = ("init", "push", "pull", "barrier", "configure", "hello")
 

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 
 from longboat.log import get_logger
-from longboat.ps import limits
+from longboat.ps.server import limits
 from longboat.ps.shared import auth
 
 log = get_logger("longboat.ps")
