@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.launcher.api import LaunchConfig
 
 from longboat.launch import local, runner, supervisor, torch_compat
-from longboat.launch.options import LaunchSpec
+from longboat.launch.spec import LaunchSpec
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 from rich.console import Console
 from rich.table import Table
 
-from longboat.launch.options import LaunchSpec
+from longboat.launch.spec import LaunchSpec
 
 
 def configuration_block(spec: LaunchSpec, master: str, node_ip: str) -> str:

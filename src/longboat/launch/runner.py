@@ -29,9 +29,9 @@ from longboat.launch.banner import print_banner, print_job_servers_later
 from longboat.launch.elastic_agent import ElasticAgent, MembershipChange, elastic_directory
 from longboat.launch.log_lock import LogDirBusyError, claim_log_dir
 from longboat.launch.logs import WorkerLogs, log_name
-from longboat.launch.options import LaunchOptionError, LaunchSpec
 from longboat.launch.ports import free_port, holder_of, is_free, local_ip_towards
 from longboat.launch.roles import role_of
+from longboat.launch.spec import LaunchOptionError, LaunchSpec
 from longboat.launch.summary import failure_summary, membership_line, restart_line
 from longboat.launch.supervisor import GroupFailedError, Restart, run_agent
 
