@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from longboat.ps.kv import KVClient
 from longboat.ps.shared.auth import generate_token
+from longboat.ps.trainer.kv import KVClient
 
 
 def echo(port_file: str) -> None:

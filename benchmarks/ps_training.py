@@ -55,7 +55,7 @@ def step_times(model: nn.Module, opt: object, steps: int, batch: int) -> list[fl
 def rank_main(out: str, steps: int, batch: int, overlap: bool) -> None:
     """One rank under `longboat launch --servers 2 --workers 2`."""
     import longboat as lb
-    from longboat.ps.engine import cluster_from_env
+    from longboat.ps.trainer.engine import cluster_from_env
 
     if lb.is_server():
         lb.ps.run_server()

@@ -37,12 +37,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from longboat.ps import table_admin
-from longboat.ps.client import Client
 from longboat.ps.server.state import ServerState
 from longboat.ps.shared import wire
 from longboat.ps.shared.auth import generate_token
 from longboat.ps.shared.wire import Message
+from longboat.ps.trainer import table_admin
+from longboat.ps.trainer.client import Client
 
 OPTIMIZERS = {"adagrad": "Adagrad", "adam": "SparseAdam"}
 

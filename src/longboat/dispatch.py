@@ -28,7 +28,7 @@ def distribute(
     strategy = strategy or cluster.current_strategy() or Strategy()
     admit(model, optimizer)  # the engines check again: a direct call gets the same refusals
     if strategy.mode == "ps":
-        from longboat.ps.engine import distribute as ps_distribute
+        from longboat.ps.trainer.engine import distribute as ps_distribute
 
         return ps_distribute(model, optimizer, strategy)
     from longboat.collective.engine import distribute as collective_distribute

@@ -306,7 +306,7 @@ def test_sparse_table_configs_refusals_name_the_key(key: str, value: Any, expect
 
 def test_sparse_table_configs_reach_the_sparse_embedding() -> None:
     from longboat.ps import SparseEmbedding
-    from longboat.ps.table_configs import apply_sparse_table_configs
+    from longboat.ps.trainer.table_configs import apply_sparse_table_configs
 
     model = nn.Sequential(SparseEmbedding(100, 4, "emb", optimizer="sgd", lr=0.5))
     s = make(

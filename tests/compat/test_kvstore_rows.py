@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import longboat.kvstore as kvstore
-from longboat.ps.kv import KVClient
 from longboat.ps.server import Server
 from longboat.ps.server.local import LocalServers
 from longboat.ps.shared import wire
 from longboat.ps.shared.request import RequestError
 from longboat.ps.shared.wire import Message
+from longboat.ps.trainer.kv import KVClient
 from tests.compat.test_kvstore_semantics import _on_workers
 
 ROWS, DIM = 4096, 16  # 64 Ki elements: two blocks of 2048 rows, one per server

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from longboat.ps import modes
-from longboat.ps.modes.sync import SyncStep
+from longboat.ps.trainer import modes
+from longboat.ps.trainer.modes.sync import SyncStep
 
 NAME = "counting_sync"
 

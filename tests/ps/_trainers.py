@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import longboat as lb
-from longboat.ps.sparse import SparseEmbedding
+from longboat.ps.trainer.sparse import SparseEmbedding
 from tests.collective import _workloads as W
 
 VOCAB, DIM = 1000, 8

@@ -15,8 +15,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (tests.*)
 
 import longboat as lb  # noqa: E402
-from longboat.ps.engine import cluster_from_env  # noqa: E402
-from longboat.ps.settings import SettingsMismatch  # noqa: E402
+from longboat.ps.trainer.engine import cluster_from_env  # noqa: E402
+from longboat.ps.trainer.settings import SettingsMismatch  # noqa: E402
 
 
 def main(out: str) -> None:

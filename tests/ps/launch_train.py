@@ -11,7 +11,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (tests.*)
 
 import longboat as lb  # noqa: E402
-from longboat.ps.engine import cluster_from_env  # noqa: E402
+from longboat.ps.trainer.engine import cluster_from_env  # noqa: E402
 from tests.collective import _workloads as W  # noqa: E402
 
 

@@ -18,10 +18,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (tests.*)
 
 import longboat as lb  # noqa: E402
-from longboat.ps.client import Client, PSError  # noqa: E402
-from longboat.ps.engine import cluster_from_env  # noqa: E402
 from longboat.ps.shared.service import SERVICE  # noqa: E402
 from longboat.ps.shared.wire import Message  # noqa: E402
+from longboat.ps.trainer.client import Client, PSError  # noqa: E402
+from longboat.ps.trainer.engine import cluster_from_env  # noqa: E402
 from tests.ps.launch_train import train_and_save  # noqa: E402
 
 

@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 import longboat as lb
-from longboat.ps.client import Client, PSError
 from longboat.ps.shared import wire
 from longboat.ps.shared.auth import METADATA_KEY, generate_token
 from longboat.ps.shared.service import SERVICE
 from longboat.ps.shared.wire import Message
+from longboat.ps.trainer.client import Client, PSError
 from tests._dist import free_port
 from tests.collective import _workloads as W
 from tests.ps._harness import server_processes, servers
@@ -234,8 +234,8 @@ def test_token_file_must_be_private(tmp_path: Path) -> None:
 
 
 def test_periodic_checkpoints_hold_the_values_of_their_step(tmp_path: Path) -> None:
-    from longboat.ps.kv import KVClient
     from longboat.ps.server import checkpoint
+    from longboat.ps.trainer.kv import KVClient
 
     with servers(1, checkpoint_dir=tmp_path, checkpoint_every=2) as (eps, token):
         kv = KVClient(eps, token, sync=True, optimizer="sgd", hparams={"lr": 1.0})

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from longboat.ps.kv import KVClient
+from longboat.ps.trainer.kv import KVClient
 from tests.ps._harness import servers
 
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch.distributed.elastic.multiprocessing.api import PContext
 
-from longboat.ps.client import Client, PSError
 from longboat.ps.shared.auth import generate_token
 from longboat.ps.shared.wire import Message
+from longboat.ps.trainer.client import Client, PSError
 from tests.collective import _workloads as W
 from tests.ps._harness import server_processes
 

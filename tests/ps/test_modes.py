@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import longboat as lb
-from longboat.ps.engine import PSConfig
+from longboat.ps.trainer.engine import PSConfig
 from tests._dist import run_ranks
 from tests.ps import _trainers as T
 from tests.ps._harness import servers

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from longboat.ps.plan import make_plan, split_rows
+from longboat.ps.trainer.plan import make_plan, split_rows
 
 
 def test_blocks_are_at_least_min_block_size_and_cover_every_row() -> None:

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import longboat as lb
-from longboat.ps import modes
-from longboat.ps.config import PSConfig
+from longboat.ps.trainer import modes
+from longboat.ps.trainer.config import PSConfig
 from tests.ps import _counting_mode
 from tests.ps._harness import servers
 

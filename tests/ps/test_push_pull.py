@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longboat.ps.communicator import HookPusher
 from longboat.ps.server import CallError, Server
 from longboat.ps.shared import wire
 from longboat.ps.shared.auth import generate_token
 from longboat.ps.shared.request import PULL_AFTER_PUSH
 from longboat.ps.shared.wire import Message
+from longboat.ps.trainer.communicator import HookPusher
 
 
 def _push_pull(trainer: int, then: object) -> bytes:

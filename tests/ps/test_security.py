@@ -20,15 +20,15 @@ import torch
 import torch.nn.functional as F
 
 import longboat as lb
-from longboat.ps.client import Client
-from longboat.ps.kv import KVClient
 from longboat.ps.server import CallError, Server, guard, limits
 from longboat.ps.server.limits import ServerLimits
-from longboat.ps.settings import SettingsMismatch
 from longboat.ps.shared import wire
 from longboat.ps.shared.auth import METADATA_KEY, generate_token
 from longboat.ps.shared.service import SERVICE
 from longboat.ps.shared.wire import Message
+from longboat.ps.trainer.client import Client
+from longboat.ps.trainer.kv import KVClient
+from longboat.ps.trainer.settings import SettingsMismatch
 from tests.collective import _workloads as W
 from tests.ps._attack import SlowCalls, SlowFlood, big_calls, memory_kb
 from tests.ps._harness import server_processes

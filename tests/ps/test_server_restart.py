@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-from longboat.ps.config import PSConfig
-from longboat.ps.recovery import _SERVER_LOST
 from longboat.ps.server import CallError, Server, checkpoint
 from longboat.ps.server.state import ServerState
 from longboat.ps.shared import wire
 from longboat.ps.shared.auth import generate_token
 from longboat.ps.shared.request import StaleStep
 from longboat.ps.shared.wire import Message
+from longboat.ps.trainer.config import PSConfig
+from longboat.ps.trainer.recovery import _SERVER_LOST
 from tests.collective import _workloads as W
 from tests.ps._harness import server_processes
 from tests.ps.test_faults import _all, _engines, _step, _steps
@@ -44,7 +44,7 @@ def _assert_reference(trainers: list[tuple[Any, Any, Any]]) -> None:
 
 def test_recovery_window_follows_the_checkpoint_period(monkeypatch: pytest.MonkeyPatch) -> None:
     import longboat as lb
-    from longboat.ps import modes
+    from longboat.ps.trainer import modes
 
     monkeypatch.setenv("LONGBOAT_PS_CHECKPOINT_EVERY", "3")
     assert PSConfig.from_strategy(lb.Strategy(mode="ps", a_sync=False)).recovery_window == 6

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import longboat as lb
-from longboat.ps import table_admin
-from longboat.ps.client import PSError
 from longboat.ps.shared.auth import generate_token
-from longboat.ps.sparse import SparseEmbedding
+from longboat.ps.trainer import table_admin
+from longboat.ps.trainer.client import PSError
+from longboat.ps.trainer.sparse import SparseEmbedding
 from tests.ps._harness import server_processes
 
 pytestmark = [

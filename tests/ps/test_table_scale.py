@@ -207,8 +207,8 @@ def test_streaming_save_load_round_trips_within_a_tenth_of_the_table(tmp_path: P
 
 
 def test_lazy_table_over_grpc_stats_shrink_save_restore(tmp_path: Path) -> None:
-    from longboat.ps import table_admin
-    from longboat.ps.client import Client
+    from longboat.ps.trainer import table_admin
+    from longboat.ps.trainer.client import Client
     from tests.ps._harness import servers
 
     spec = _spec("adagrad", evict_after=1, storage="float16")
@@ -251,7 +251,7 @@ def test_lazy_table_over_grpc_stats_shrink_save_restore(tmp_path: Path) -> None:
 
 
 def test_sparse_embedding_lazy_spec_builds_a_lazy_shard() -> None:
-    from longboat.ps.sparse import SparseEmbedding
+    from longboat.ps.trainer.sparse import SparseEmbedding
 
     emb = SparseEmbedding(
         None, DIM, "t", optimizer="adam", admit_count=2, evict_after=3,
@@ -290,7 +290,7 @@ def train_lazy_job(
     import torch.nn.functional as F
 
     import longboat as lb
-    from longboat.ps.sparse import SparseEmbedding
+    from longboat.ps.trainer.sparse import SparseEmbedding
     from tests.collective import _workloads as W
     from tests.ps import _trainers as T
 

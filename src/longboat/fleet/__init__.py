@@ -46,7 +46,7 @@ load_model = fleet.load_model
 def shrink(threshold: object = None) -> dict[str, int]:
     """``fleet.shrink()``: end a pass of the lazy sparse tables (``lb.ps.shrink``); each
     table's ``evict_after`` decides what is dropped (``threshold`` is not used)."""
-    from longboat.ps.table_admin import shrink as end_pass
+    from longboat.ps.trainer.table_admin import shrink as end_pass
 
     return end_pass()
 

@@ -25,11 +25,11 @@ from longboat.checkpoint import load_checkpoint, save_checkpoint
 from longboat.collective.model import DistributedModel
 from longboat.dispatch import distribute
 from longboat.fleet.role_maker import PaddleCloudRoleMaker, RoleMakerBase
-from longboat.ps.engine import PSModel
-from longboat.ps.engine import distribute as ps_distribute
-from longboat.ps.kv import KVClient
 from longboat.ps.server import Server, make_server, serve_until_done
 from longboat.ps.shared import auth
+from longboat.ps.trainer.engine import PSModel
+from longboat.ps.trainer.engine import distribute as ps_distribute
+from longboat.ps.trainer.kv import KVClient
 from longboat.strategy import Strategy
 
 PERSISTABLES = "persistables.pt"

@@ -36,8 +36,8 @@ from longboat.kvstore.optimizer import Optimizer
 from longboat.kvstore.sparse import RowSparse, row_sparse_array
 from longboat.kvstore.store import KVStore
 from longboat.kvstore.types import TYPES, kind_of
-from longboat.ps.kv import KVClient
 from longboat.ps.server.local import LocalServers
+from longboat.ps.trainer.kv import KVClient
 
 
 def create(
@@ -57,8 +57,8 @@ def create(
     if not kind.dist:
         return KVStore(name, KVClient(LocalServers(1), reduce="sum"), 0, 1)
     from longboat.launch.roles import is_server
-    from longboat.ps.engine import cluster_from_env
     from longboat.ps.shared import auth
+    from longboat.ps.trainer.engine import cluster_from_env
 
     if servers is None and is_server():
         from longboat.ps.server import run_server

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from longboat.kvstore.errors import InvalidArgumentError
-from longboat.ps.kv import check_row_ids
+from longboat.ps.trainer.kv import check_row_ids
 
 
 @dataclass

@@ -17,7 +17,7 @@ from torch import nn
 
 from longboat.data.ctr import CTRConfig
 from longboat.ps.shared.rows import initial_rows
-from longboat.ps.sparse import SparseEmbedding
+from longboat.ps.trainer.sparse import SparseEmbedding
 
 TABLE = "ctr_ids"
 

@@ -19,7 +19,7 @@ The mode is the engine's own reading of the Strategy (`PSConfig.from_strategy`).
 
 from __future__ import annotations
 
-from longboat.ps.config import PSConfig
+from longboat.ps.trainer.config import PSConfig
 from longboat.sim.cluster import Cluster
 from longboat.sim.profile import Profile
 from longboat.strategy import Strategy

@@ -26,7 +26,7 @@ job timeout plus `TIMEOUT_GRACE_S`, for waits the backend does not end itself) t
 logged as an error and the process exits with `STALL_EXIT_CODE`, which the launcher reports as
 that rank's failure. Works on any backend: it needs only the store, not the backend's own
 watchdog. Parameter-server replies are
-watched by the trainer's client (``longboat.ps.client``) with the same thresholds and exit code.
+watched by the trainer's client (``longboat.ps.trainer.client``) with the same thresholds and exit code.
 """
 
 from __future__ import annotations

@@ -245,7 +245,7 @@ class Server:
         return self.state.configure(req)
 
     def _do_hello(self, req: schema.Hello, deadline: float) -> Message:
-        """A connecting trainer's settings: see ``longboat.ps.settings``."""
+        """A connecting trainer's settings: see ``longboat.ps.trainer.settings``."""
         return self.state.hello(
             req, {"wire_version": wire.VERSION, "max_message_bytes": self.max_bytes}
         )

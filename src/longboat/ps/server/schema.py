@@ -11,7 +11,7 @@ nothing; each refusal is a ``RequestError`` naming the field (the server answers
 INVALID_ARGUMENT). ``ServerState`` and ``Server`` take the parsed requests.
 
 A hello's ``settings`` are opaque: the server keeps the first trainer's and sends them back,
-and the trainers compare them (``longboat.ps.settings``).
+and the trainers compare them (``longboat.ps.trainer.settings``).
 """
 
 from __future__ import annotations

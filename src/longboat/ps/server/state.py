@@ -96,7 +96,7 @@ class ServerState:
     def hello(self, msg: Message | schema.Hello, own: dict[str, Any]) -> Message:
         """Keep the first trainer's ``settings`` of its ``scope``; reply with the kept ones,
         overlaid with this server's ``own`` (and its index, server count, trainer count): the
-        trainer compares them with its own (``longboat.ps.settings``)."""
+        trainer compares them with its own (``longboat.ps.trainer.settings``)."""
         req = schema.Hello.of(msg)
         with self.cond:
             req.check(self)

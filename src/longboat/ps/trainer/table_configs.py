@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from longboat.ps.sparse import SparseEmbedding
+from longboat.ps.trainer.sparse import SparseEmbedding
 from longboat.strategy import StrategyError
 from longboat.strategy.sparse_tables import DEFAULT_RULE, RULE_BLOCK, SGD, SGD_RULES
 

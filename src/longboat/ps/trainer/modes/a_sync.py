@@ -7,9 +7,9 @@ import threading
 
 import torch
 
-from longboat.ps.communicator import AsyncCommunicator
-from longboat.ps.modes import Mode, ModeContext, register
-from longboat.ps.params import wait_all
+from longboat.ps.trainer.communicator import AsyncCommunicator
+from longboat.ps.trainer.modes import Mode, ModeContext, register
+from longboat.ps.trainer.params import wait_all
 
 
 @register("async")

@@ -16,10 +16,10 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from longboat.ps.client import PSError
 from longboat.ps.shared import wire
 from longboat.ps.shared.service import MAX_MESSAGE_ENV
 from longboat.ps.shared.wire import Message
+from longboat.ps.trainer.client import PSError
 
 OWN = ("wire_version", "num_servers", "server_index", "max_message_bytes")  # the server's own
 

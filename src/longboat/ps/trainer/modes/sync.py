@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from longboat.ps.communicator import HookPusher
-from longboat.ps.modes import Mode, ModeContext, register
-from longboat.ps.params import part, wait_all
+from longboat.ps.trainer.communicator import HookPusher
+from longboat.ps.trainer.modes import Mode, ModeContext, register
+from longboat.ps.trainer.params import part, wait_all
 
 
 @register("sync")

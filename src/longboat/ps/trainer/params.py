@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from longboat.ps.client import Call, Client
-from longboat.ps.plan import Block, ShardingPlan
 from longboat.ps.shared.request import PULL_AFTER_PUSH
 from longboat.ps.shared.wire import Message, chunks_by_bytes
+from longboat.ps.trainer.client import Call, Client
+from longboat.ps.trainer.plan import Block, ShardingPlan
 
 Waiting = Callable[[str], contextlib.AbstractContextManager[Any]]
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from longboat.log import get_logger
-from longboat.ps import table_admin
-from longboat.ps.client import Client, PSError
-from longboat.ps.params import DenseParams, wait_all
 from longboat.ps.shared.wire import Message
-from longboat.ps.sparse import RowGrads, SparseLookups
+from longboat.ps.trainer import table_admin
+from longboat.ps.trainer.client import Client, PSError
+from longboat.ps.trainer.params import DenseParams, wait_all
+from longboat.ps.trainer.sparse import RowGrads, SparseLookups
 
 log = get_logger("longboat.ps")
 

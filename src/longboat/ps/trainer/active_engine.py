@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from longboat.cluster import on_shutdown
 
 if TYPE_CHECKING:
-    from longboat.ps.engine import PSEngine
+    from longboat.ps.trainer.engine import PSEngine
 
 _current: PSEngine | None = None  # read through current(); forgotten at lb.shutdown()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from longboat.ps.modes import Mode, ModeContext, register
-from longboat.ps.params import wait_all
+from longboat.ps.trainer.modes import Mode, ModeContext, register
+from longboat.ps.trainer.params import wait_all
 
 
 @register("geo")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from longboat.cluster.env import variable
-from longboat.ps.plan import DEFAULT_MIN_BLOCK_SIZE
+from longboat.ps.trainer.plan import DEFAULT_MIN_BLOCK_SIZE
 from longboat.recompute import RecomputeConfig
 from longboat.trace.config import TraceConfig
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class PSConfig:
     """What the trainer-side engine does; ``from_strategy`` reads it off a Strategy.
 
-    ``mode`` names a registered mode (``longboat.ps.modes``): the Strategy selects sync, async,
+    ``mode`` names a registered mode (``longboat.ps.trainer.modes``): the Strategy selects sync, async,
     half_async or geo; ``lb.ps.distribute(..., mode=name)`` overrides it, e.g. with a mode of
     one's own.
     """

@@ -2,7 +2,7 @@
 pull parameters back.
 
 The engine connects a trainer to the servers and counts its steps; what a step does is the
-mode's (``longboat.ps.modes``: sync, async, half_async, geo, or one registered by the user),
+mode's (``longboat.ps.trainer.modes``: sync, async, half_async, geo, or one registered by the user),
 chosen by ``PSConfig.mode``. Dense parameters travel through ``params.DenseParams``, sparse
 tables through ``sparse.SparseLookups``.
 """
@@ -18,20 +18,20 @@ from torch import nn
 
 from longboat.log import get_logger
 from longboat.ownership import admit
-from longboat.ps import modes, settings, table_admin
-from longboat.ps.active_engine import current, make_current, release
-from longboat.ps.client import Call, Client, PSError, ReplyWatch
-from longboat.ps.config import PSConfig, cluster_from_env
-from longboat.ps.params import DenseParams, part
-from longboat.ps.plan import make_plan
-from longboat.ps.recovery import Recovery, RecoveryContext
 from longboat.ps.shared import auth
 from longboat.ps.shared.optim import describe_torch_optimizer
 from longboat.ps.shared.request import DROPPED
 from longboat.ps.shared.wire import Message
-from longboat.ps.sparse import SparseEmbedding, SparseLookups
-from longboat.ps.table_configs import apply_sparse_table_configs
-from longboat.ps.wrappers import PSModel, PSOptimizer
+from longboat.ps.trainer import modes, settings, table_admin
+from longboat.ps.trainer.active_engine import current, make_current, release
+from longboat.ps.trainer.client import Call, Client, PSError, ReplyWatch
+from longboat.ps.trainer.config import PSConfig, cluster_from_env
+from longboat.ps.trainer.params import DenseParams, part
+from longboat.ps.trainer.plan import make_plan
+from longboat.ps.trainer.recovery import Recovery, RecoveryContext
+from longboat.ps.trainer.sparse import SparseEmbedding, SparseLookups
+from longboat.ps.trainer.table_configs import apply_sparse_table_configs
+from longboat.ps.trainer.wrappers import PSModel, PSOptimizer
 from longboat.recompute import apply_recompute
 from longboat.trace.ps import StallExplainer, make_observer
 
@@ -175,7 +175,7 @@ class PSEngine:
     # ---- set-up -------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
         """Everything that shapes this trainer's exchange with the servers: each server and
-        every later trainer must agree (``longboat.ps.settings``)."""
+        every later trainer must agree (``longboat.ps.trainer.settings``)."""
         if self._update == "optimizer":
             opt_name, groups = self._opt_name, self._groups
         else:  # the trainers run it: the servers do not, but the other trainers must match
@@ -353,14 +353,14 @@ class PSEngine:
 
     def synchronize(self) -> None:
         """Wait for the parameter pulls still in flight and write them into the model (after a
-        server restart, sync trainers with a replay log recover here: ``longboat.ps.recovery``)."""
+        server restart, sync trainers with a replay log recover here: ``longboat.ps.trainer.recovery``)."""
         try:
             self.dense.synchronize()
         except PSError as exc:  # the pull may ride on the last push of the step before
             self._failed(exc, self.step_no - 1)
 
     def _recover(self, exc: PSError, through: int) -> None:
-        """Ride out a server restart (``longboat.ps.recovery``): replay the logged steps up to
+        """Ride out a server restart (``longboat.ps.trainer.recovery``): replay the logged steps up to
         ``through`` and end at step ``through + 1``; raise ``exc`` if this trainer cannot."""
         if self.recovery is None or not self.recovery.handles(exc):
             raise exc
@@ -448,7 +448,7 @@ def distribute(
     ``mode="ps"``). Servers and trainer ids come from the launcher's environment unless given;
     ``timeout`` bounds every call (default ``LONGBOAT_PS_TIMEOUT`` or 120 s); ``overrides`` set
     PSConfig fields (``overlap``, ``min_block_size``, ``bucket_bytes``, ``tune_buckets``, or
-    ``mode``: a registered mode's name in place of the Strategy's, see ``longboat.ps.modes``)."""
+    ``mode``: a registered mode's name in place of the Strategy's, see ``longboat.ps.trainer.modes``)."""
     strategy.check_implemented()
     if optimizer is None:
         raise ValueError("parameter-server mode needs the optimizer: lb.distribute(model, opt, s)")

@@ -10,7 +10,7 @@ from torch import nn
 from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest
 
 if TYPE_CHECKING:
-    from longboat.ps.engine import PSEngine
+    from longboat.ps.trainer.engine import PSEngine
 
 
 class PSModel(nn.Module):

@@ -3,8 +3,8 @@ flushes the queue, waits at a barrier of all trainers and pulls."""
 
 from __future__ import annotations
 
-from longboat.ps.modes import register
-from longboat.ps.modes.a_sync import AsyncStep
+from longboat.ps.trainer.modes import register
+from longboat.ps.trainer.modes.a_sync import AsyncStep
 
 
 @register("half_async")

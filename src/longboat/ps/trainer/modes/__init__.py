@@ -5,7 +5,7 @@ push; ``step()`` runs one optimizer step of a trainer with what `ModeContext` gi
 dense parameters' pushes and pulls, the sparse tables' lookups, the step number). Adding a
 mode means adding a module with one ``@register(name)`` class, never touching the engine::
 
-    from longboat.ps.modes import Mode, register, wait_all
+    from longboat.ps.trainer.modes import Mode, register, wait_all
 
     @register("eager_sync")
     class EagerSync(Mode):
@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from longboat.ps.config import PSConfig
-from longboat.ps.params import DenseParams, wait_all
-from longboat.ps.sparse import SparseLookups
+from longboat.ps.trainer.config import PSConfig
+from longboat.ps.trainer.params import DenseParams, wait_all
+from longboat.ps.trainer.sparse import SparseLookups
 from longboat.registry import Registry, importer
 
 __all__ = ["Mode", "ModeContext", "get", "names", "register", "wait_all"]
@@ -86,7 +86,7 @@ class Mode:
 
 _MODES: Registry[type[Mode]] = Registry(
     "parameter-server mode",
-    importer(*(f"longboat.ps.modes.{m}" for m in ("sync", "a_sync", "half_async", "geo"))),
+    importer(*(f"longboat.ps.trainer.modes.{m}" for m in ("sync", "a_sync", "half_async", "geo"))),
 )
 register = _MODES.register  # class decorator: selectable as PSConfig.mode = name
 names = _MODES.names

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from longboat.ps.active_engine import current
 from longboat.ps.shared.wire import Message
+from longboat.ps.trainer.active_engine import current
 
 
 def _client() -> Any:

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from longboat.ps.client import PSError
 from longboat.ps.shared.optim import ROW_STATES
 from longboat.ps.shared.rows import initial_rows
 from longboat.ps.shared.wire import Message
+from longboat.ps.trainer.client import PSError
 
 if TYPE_CHECKING:
-    from longboat.ps.client import Call, Client
+    from longboat.ps.trainer.client import Call, Client
 
 #: one lookup of a step: the table, its distinct ids, the rows pulled (their .grad after backward)
 Lookup = tuple["SparseEmbedding", torch.Tensor, torch.Tensor]
