@@ -18,7 +18,7 @@ def _rank(model: str) -> float | None:
     import torch
 
     import longboat as lb
-    from longboat.tools.bench.train import System, _batches, _round
+    from longboat.tools.bench.train_rank import System, _batches, _round
 
     lb.init()
     torch.set_num_threads(1)

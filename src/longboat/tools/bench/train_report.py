@@ -1,0 +1,158 @@
+"""`longboat bench train`'s results: rows per system and rank count (samples/s, speedup,
+efficiency, input-boundness, paired step-time ratios), as a table, Markdown or a plot."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from longboat.tools.bench.train_rank import DDP_LEAN, NO_SYNC
+
+INPUT_BOUND_FRACTION = 0.1
+
+
+def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows per (system, nproc): samples/s, speedup and efficiency vs 1 rank (None without a
+    1-rank run), input-boundness, the longboat/DDP ratio and the no-sync floor's ratio to DDP
+    (the same steps without any gradient exchange: the best any allreduce could reach)."""
+    rows = []
+    base: dict[str, float] = {}
+    for nproc in sorted(raw):
+        r = raw[nproc]
+        ratio, (q1, q3) = paired(r, "longboat", "ddp")
+        floor = paired(r, NO_SYNC, "ddp")[0] if NO_SYNC in r else None
+        lean = paired(r, "longboat", DDP_LEAN) if DDP_LEAN in r else None
+        over_plain = paired(r, "longboat", NO_SYNC) if NO_SYNC in r else None
+        for system in ("longboat", "ddp"):
+            step = statistics.median(r[system]["step_s"])
+            data = statistics.median(r[system]["data_s"])
+            throughput = r["batch_per_rank"] * nproc / step
+            if nproc == 1:
+                base[system] = throughput
+            speedup = throughput / base[system] if system in base else None  # needs a 1-rank run
+            rows.append(
+                {
+                    "system": system,
+                    "nproc": nproc,
+                    "step_ms": step * 1e3,
+                    "samples_per_s": throughput,
+                    "speedup": speedup,
+                    "efficiency": speedup / nproc if speedup is not None else None,
+                    "data_fraction": data / step,
+                    "input_bound": data / step > INPUT_BOUND_FRACTION,
+                    "longboat_over_ddp": ratio,
+                    "longboat_over_ddp_p25_p75": [q1, q3],
+                    "no_sync_over_ddp": floor,
+                    "longboat_over_ddp_lean": lean[0] if lean else None,
+                    "longboat_over_ddp_lean_p25_p75": list(lean[1]) if lean else None,
+                    "longboat_over_no_sync": over_plain[0] if over_plain else None,
+                    "longboat_over_no_sync_p25_p75": list(over_plain[1]) if over_plain else None,
+                    "params": r["params"],
+                    "device": r.get("device", "cpu"),
+                    "compiled": r.get("compiled", False),
+                    "batch_per_rank": r["batch_per_rank"],
+                    "rounds": len(r[system]["step_s"]),
+                }
+            )
+    return rows
+
+
+def paired(raw: dict[str, Any], system: str, baseline: str) -> tuple[float, tuple[float, float]]:
+    """Median and quartiles of ``system``/``baseline`` step-time ratios, round by round (the
+    two ran back to back in each round, so machine noise hits both alike)."""
+    ratios = sorted(
+        a / b for a, b in zip(raw[system]["step_s"], raw[baseline]["step_s"], strict=True)
+    )
+    median = statistics.median(ratios)
+    if len(ratios) < 2:
+        return median, (median, median)
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return median, (q1, q3)
+
+
+def _ratio(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _label(model: str, rows: Sequence[dict[str, Any]]) -> str:
+    """The model's name, marked when every system ran compiled."""
+    return f"{model} (compiled)" if rows and rows[0].get("compiled") else model
+
+
+def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"bench train: {_label(model, rows)} ({rows[0]['params'] / 1e6:.2f} M params, batch {rows[0]['batch_per_rank']}/rank, {rows[0].get('device', 'cpu')})"
+    )  # noqa: E501
+    for column in (
+        "system",
+        "ranks",
+        "step ms",
+        "samples/s",
+        "speedup",
+        "efficiency",
+        "input wait",
+        "longboat/DDP",
+        "longboat/DDP lean",
+        "no-sync/DDP",
+    ):  # noqa: E501
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(
+            r["system"],
+            str(r["nproc"]),
+            f"{r['step_ms']:.2f}",
+            f"{r['samples_per_s']:.1f}",
+            _ratio(r["speedup"], "{:.2f}x"),
+            _ratio(r["efficiency"], "{:.0%}"),
+            f"{r['data_fraction']:.0%}" + (" INPUT-BOUND" if r["input_bound"] else ""),
+            f"{r['longboat_over_ddp']:.3f}",
+            _ratio(r.get("longboat_over_ddp_lean"), "{:.3f}"),
+            _ratio(r.get("no_sync_over_ddp"), "{:.3f}"),
+        )
+    console = Console()
+    console.width = max(console.width, 110)
+    console.print(table)
+
+
+def markdown(model: str, rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| model | system | ranks | step ms | samples/s | speedup | efficiency | input wait | longboat/DDP | longboat/DDP lean | no-sync/DDP |",  # noqa: E501
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    label = _label(model, rows)
+    for r in rows:
+        flag = " (input-bound)" if r["input_bound"] else ""
+        lines.append(
+            f"| {label} | {r['system']} | {r['nproc']} | {r['step_ms']:.2f} | {r['samples_per_s']:.1f} "
+            f"| {_ratio(r['speedup'], '{:.2f}x')} | {_ratio(r['efficiency'], '{:.0%}')} "
+            f"| {r['data_fraction']:.0%}{flag} "
+            f"| {r['longboat_over_ddp']:.3f} | {_ratio(r.get('longboat_over_ddp_lean'), '{:.3f}')} "
+            f"| {_ratio(r.get('no_sync_over_ddp'), '{:.3f}')} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, list[dict[str, Any]]], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.5), squeeze=False)
+    for ax, (model, rows) in zip(axes[0], results.items(), strict=True):
+        for system, style in (("longboat", "o-"), ("ddp", "s--")):
+            mine = [r for r in rows if r["system"] == system]
+            ax.plot(
+                [r["nproc"] for r in mine], [r["samples_per_s"] for r in mine], style, label=system
+            )  # noqa: E501
+        ax.set_title(model)
+        ax.set_xlabel("ranks")
+        ax.set_ylabel("samples/s")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
