@@ -270,8 +270,52 @@ def _input_entry(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, An
     return data | {"input": entry | given}
 
 
+#: ``--flag`` -> (section, key) of the cluster description it sets.
+_SECTION_FLAGS = (
+    ("intra_kind", "intra", "kind"),
+    ("intra_bandwidth", "intra", "bandwidth"),
+    ("intra_links", "intra", "links"),
+    ("intra_link_bandwidth", "intra", "link_bandwidth"),
+    ("intra_latency", "intra", "latency"),
+    ("intra_group", "intra", "group"),
+    ("inter_bandwidth", "inter", "bandwidth"),
+    ("inter_latency", "inter", "latency"),
+    ("nics_per_node", "inter", "nics_per_node"),
+    ("compute_efficiency", "compute", "efficiency"),
+    ("precision", "compute", "precision"),
+    ("jitter", "compute", "jitter"),
+    ("device_spread", "compute", "device_spread"),
+    ("contention", "compute", "contention"),
+)
+
+
 def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
     """The ``--cluster`` file with the flags on top (flags alone need nodes and devices)."""
+    data = _base_entries(args)
+    data["device"] = _device_entry(args, data)
+    if args.memory_bandwidth is not None and not isinstance(data["device"], dict):
+        data["memory_bandwidth"] = args.memory_bandwidth
+    sections = {
+        "intra": _intra_entry(args, data),
+        "inter": dict(data.get("inter") or {}),
+        "compute": dict(data.get("compute") or {}),
+    }
+    for flag, section, key in _SECTION_FLAGS:
+        if getattr(args, flag) is not None:
+            sections[section][key] = getattr(args, flag)
+    if args.gpudirect is not None:
+        sections["inter"]["gpudirect"] = args.gpudirect == "on"
+    data.update({key: value for key, value in sections.items() if value})
+    data = _input_entry(args, data)
+    if args.ps_servers:
+        data["ps"] = dict(data.get("ps") or {}) | {"servers": args.ps_servers}
+    return cluster_mod.from_dict(data, where=args.cluster or "flags")
+
+
+def _base_entries(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--cluster`` file's entries (else one cpu device), with ``--nodes``,
+    ``--devices-per-node`` and ``--backend`` on top; ``--device`` without a file drops the
+    intra link (the device's own applies)."""
     if args.cluster:
         data = cluster_mod.load(args.cluster).to_dict()
     else:
@@ -283,11 +327,13 @@ def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
             data[key] = getattr(args, key)
     if args.device is not None and not args.cluster:
         data.pop("intra", None)
-    data["device"] = _device_entry(args, data)
-    if args.memory_bandwidth is not None and not isinstance(data["device"], dict):
-        data["memory_bandwidth"] = args.memory_bandwidth
+    return data
+
+
+def _intra_entry(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
+    """The intra section without the entries the ``--intra-*`` flags replace: a bandwidth
+    given one way drops the other way's, a new kind drops the old kind's figures."""
     intra = dict(data.get("intra") or {})
-    inter = dict(data.get("inter") or {})
     if args.intra_links is not None or args.intra_link_bandwidth is not None:
         intra.pop("bandwidth", None)
     if args.intra_bandwidth is not None:
@@ -295,34 +341,7 @@ def cluster_from_args(args: argparse.Namespace) -> cluster_mod.Cluster:
     if args.intra_kind is not None and args.intra_kind != intra.get("kind"):
         for key in ("bandwidth", "links", "link_bandwidth", "group", "pcie_bandwidth"):
             intra.pop(key, None)
-    compute = dict(data.get("compute") or {})
-    for flag, target, key in (
-        ("intra_kind", intra, "kind"),
-        ("intra_bandwidth", intra, "bandwidth"),
-        ("intra_links", intra, "links"),
-        ("intra_link_bandwidth", intra, "link_bandwidth"),
-        ("intra_latency", intra, "latency"),
-        ("intra_group", intra, "group"),
-        ("inter_bandwidth", inter, "bandwidth"),
-        ("inter_latency", inter, "latency"),
-        ("nics_per_node", inter, "nics_per_node"),
-        ("compute_efficiency", compute, "efficiency"),
-        ("precision", compute, "precision"),
-        ("jitter", compute, "jitter"),
-        ("device_spread", compute, "device_spread"),
-        ("contention", compute, "contention"),
-    ):
-        if getattr(args, flag) is not None:
-            target[key] = getattr(args, flag)
-    if args.gpudirect is not None:
-        inter["gpudirect"] = args.gpudirect == "on"
-    for key, value in (("intra", intra), ("inter", inter), ("compute", compute)):
-        if value:
-            data[key] = value
-    data = _input_entry(args, data)
-    if args.ps_servers:
-        data["ps"] = dict(data.get("ps") or {}) | {"servers": args.ps_servers}
-    return cluster_mod.from_dict(data, where=args.cluster or "flags")
+    return intra
 
 
 def _fit_contention(
