@@ -3,7 +3,8 @@
 A mode is a `Mode` subclass: class attributes tell the engine what the servers do with a
 push; ``step()`` runs one optimizer step of a trainer with what `ModeContext` gives it (the
 dense parameters' pushes and pulls, the sparse tables' lookups, the step number). Adding a
-mode means adding a module with one ``@register(name)`` class, never touching the engine::
+mode means adding a module with one ``@register(name)`` class (a built-in one: a file in this
+folder), never touching the engine::
 
     from longboat.ps.trainer.modes import Mode, register, wait_all
 
@@ -21,6 +22,7 @@ mode means adding a module with one ``@register(name)`` class, never touching th
 from __future__ import annotations
 
 import contextlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -84,9 +86,10 @@ class Mode:
         """Stop background work (after ``flush``)."""
 
 
+# the built-in modes: every module of this folder (a new one is one file here, nothing else)
 _MODES: Registry[type[Mode]] = Registry(
     "parameter-server mode",
-    importer(*(f"longboat.ps.trainer.modes.{m}" for m in ("sync", "a_sync", "half_async", "geo"))),
+    importer(*(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__))),
 )
 register = _MODES.register  # class decorator: selectable as PSConfig.mode = name
 names = _MODES.names
