@@ -275,29 +275,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         lone._parameter_names = _parameter_names(_all_named(optimizer, named_parameters))
         return lone
     set_size(process_set)  # ValueError for a set that is not registered
-    if is_distributed(optimizer):  # its gradients are averaged already: twice is refused
-        raise ValueError(
-            f"{already_distributed(optimizer)}: pass hvd.DistributedOptimizer the plain "
-            "optimizer, and use one of the two"
-        )
+    op = _checked(optimizer, op, gradient_predivide_factor, backward_passes_per_step, compression)
     dopt = _new_like(optimizer, _DistributedOptimizer)
-    op = ReduceOp(int(op))
-    if op == ReduceOp.Adasum:
-        raise NotImplementedError(
-            "op=hvd.Adasum is not implemented in longboat.horovod; use hvd.Average or hvd.Sum"
-        )
-    if op not in (Average, Sum):
-        raise ValueError(f"DistributedOptimizer supports op=hvd.Average or hvd.Sum, got {op.name}")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    if compression not in (Compression.none, Compression.fp16):
-        raise ValueError(
-            "DistributedOptimizer supports compression=hvd.Compression.none or "
-            "hvd.Compression.fp16 (longboat's fused fp16 compressor); custom compressors work "
-            "with hvd.allreduce"
-        )
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups", DeprecationWarning, stacklevel=2)
         groups = groups or num_groups
@@ -334,6 +313,40 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     _live.append(weakref.ref(dopt))
     claim(dopt, "hvd.DistributedOptimizer")  # lb.distribute would average its grads again
     return dopt
+
+
+def _checked(
+    optimizer: torch.optim.Optimizer,
+    op: ReduceOp,
+    gradient_predivide_factor: float,
+    backward_passes_per_step: int,
+    compression: type[Compressor],
+) -> ReduceOp:
+    """DistributedOptimizer's arguments refused as Horovod refuses them (and an optimizer
+    another wrapper already averages); the op as a ReduceOp."""
+    if is_distributed(optimizer):  # its gradients are averaged already: twice is refused
+        raise ValueError(
+            f"{already_distributed(optimizer)}: pass hvd.DistributedOptimizer the plain "
+            "optimizer, and use one of the two"
+        )
+    op = ReduceOp(int(op))
+    if op == ReduceOp.Adasum:
+        raise NotImplementedError(
+            "op=hvd.Adasum is not implemented in longboat.horovod; use hvd.Average or hvd.Sum"
+        )
+    if op not in (Average, Sum):
+        raise ValueError(f"DistributedOptimizer supports op=hvd.Average or hvd.Sum, got {op.name}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if compression not in (Compression.none, Compression.fp16):
+        raise ValueError(
+            "DistributedOptimizer supports compression=hvd.Compression.none or "
+            "hvd.Compression.fp16 (longboat's fused fp16 compressor); custom compressors work "
+            "with hvd.allreduce"
+        )
+    return op
 
 
 def live_optimizers() -> list[_DistributedOptimizer]:
