@@ -104,6 +104,23 @@ class DistributedModel(nn.Module):
             return self._run(args, kwargs)
         if self.plan is not None and self.plan.broadcast_buffers and not self._no_sync:
             self._buffers_from_rank0()
+        sync = self._prepare_step()
+        observer = self.reducer.observer  # longboat.trace: timeline and stall inspector
+        if observer is not None:
+            observer.forward_begin()
+        output = self._run(args, kwargs)
+        if sync:
+            self._warn_once_if_compiled_elsewhere(output)
+        if observer is not None:
+            observer.forward_end(output)
+        if self.amp is not None:
+            self.amp.scale_gradients_of(output)
+        if sync and self.reducer.find_unused:
+            self.reducer.mark_unused(self._unreachable(output))
+        return output
+
+    def _prepare_step(self) -> bool:
+        """Count the micro step and arm the reducer; whether this backward communicates."""
         self.micro_step += 1
         sync = self.communicate and not self._no_sync and self.is_merge_boundary()
         if sync and self.tuner is not None:
@@ -112,21 +129,15 @@ class DistributedModel(nn.Module):
         if self.amp is not None:
             divisor *= self.amp.scale  # the loss scale is undone on the way into the buckets
         self.reducer.prepare(sync=sync, divisor=float(divisor))
-        observer = self.reducer.observer  # longboat.trace: timeline and stall inspector
-        if observer is not None:
-            observer.forward_begin()
-        output = self._run(args, kwargs)
-        if sync and not self._compile_warned and self.splitter is None:
-            self._compile_warned = compiling.compiled_elsewhere(output)
-            if self._compile_warned:
-                compiling.warn_compiled_elsewhere()
-        if observer is not None:
-            observer.forward_end(output)
-        if self.amp is not None:
-            self.amp.scale_gradients_of(output)
-        if sync and self.reducer.find_unused:
-            self.reducer.mark_unused(self._unreachable(output))
-        return output
+        return sync
+
+    def _warn_once_if_compiled_elsewhere(self, output: Any) -> None:
+        """A graph compiled outside ``compile()`` launches every bucket at its end: say so once."""
+        if self._compile_warned or self.splitter is not None:
+            return
+        self._compile_warned = compiling.compiled_elsewhere(output)
+        if self._compile_warned:
+            compiling.warn_compiled_elsewhere()
 
     def _buffers_from_rank0(self) -> None:
         """``broadcast_buffers``: every rank takes rank 0's buffers (one coalesced broadcast
