@@ -237,6 +237,31 @@ def _timeline(
     return finish_times(stretched), backward * stretch, backward * (stretch - 1)
 
 
+def _local_sgd_step(prof: Profile, cluster: Cluster, algorithm: str, k: int) -> Prediction:
+    """Local SGD: no gradient exchange; all parameters averaged (one allreduce, not
+    overlapped) every ``k`` steps."""
+    fwd, bwd, opt = prof.forward_s, prof.backward_s, prof.optimizer_s
+    algo = cost.best_algorithm(prof.grad_bytes, cluster) if algorithm == "auto" else algorithm
+    lat, bw = cost.allreduce(prof.grad_bytes, cluster, algo)
+    average = (lat + bw + 2 * prof.grad_bytes / cluster.mem_bw) if cluster.world > 1 else 0.0
+    n = cluster.world
+    sent = int(2 * (n - 1) / n * prof.grad_bytes) if n > 1 else 0
+    return _finish(
+        cluster,
+        prof,
+        fwd + bwd + opt + average / k,
+        k,
+        compute_s=fwd + bwd,
+        exposed_comm_s=average / k,
+        optimizer_s=opt,
+        comm_s=average / k,
+        buckets=1,
+        bytes_sent=sent // k,
+        algorithm=algo,
+        notes=(f"local SGD: parameters averaged every {k} steps",),
+    )
+
+
 def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = None) -> Prediction:
     """Predict one step of ``profile`` on ``cluster`` under ``strategy`` (default Strategy)."""
     strategy = strategy if strategy is not None else Strategy()
@@ -253,26 +278,7 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
     if algorithm == "shm" and cluster.nodes > 1:
         raise cost.CostError("allreduce_algorithm='shm' works on one node only")
     if plan.local_sgd is not None:
-        k = int(plan.local_sgd.k_steps)
-        algo = cost.best_algorithm(prof.grad_bytes, cluster) if algorithm == "auto" else algorithm
-        lat, bw = cost.allreduce(prof.grad_bytes, cluster, algo)
-        average = (lat + bw + 2 * prof.grad_bytes / cluster.mem_bw) if cluster.world > 1 else 0.0
-        n = cluster.world
-        sent = int(2 * (n - 1) / n * prof.grad_bytes) if n > 1 else 0
-        return _finish(
-            cluster,
-            prof,
-            fwd + bwd + opt + average / k,
-            k,
-            compute_s=fwd + bwd,
-            exposed_comm_s=average / k,
-            optimizer_s=opt,
-            comm_s=average / k,
-            buckets=1,
-            bytes_sent=sent // k,
-            algorithm=algo,
-            notes=(f"local SGD: parameters averaged every {k} steps",),
-        )
+        return _local_sgd_step(prof, cluster, algorithm, int(plan.local_sgd.k_steps))
     merge = plan.k_steps
     shard = sharded(plan.sharding, prof, cluster)
     buckets = plan_buckets(
@@ -308,11 +314,10 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
     if cluster.world > 1:
         finishes, backward, contended = _timeline(jobs, bwd + copy_s, contention_of(cluster))
         exposed = max(0.0, max(finishes) - backward)
-    gather = 0.0
     if shard is not None:
-        opt, gather = shard.optimizer_s(opt), shard.gather_s
-        exposed += gather  # inside optimizer.step(), after the update
-        total += gather
+        opt = shard.optimizer_s(opt)
+        exposed += shard.gather_s  # inside optimizer.step(), after the update
+        total += shard.gather_s
         sent += shard.gather_bytes
         notes.append(shard.note())
     cycle = merge * (fwd + bwd) + copy_s + contended + exposed + opt
