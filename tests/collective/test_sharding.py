@@ -580,3 +580,23 @@ def test_all_gather_is_read_after_it_lands(device):
     (result,) = run_ranks(_gathered, 1, device, timeout=120)
     assert result["buckets"].item() > 1
     assert result["worst"].item() == 0.0
+
+
+def test_state_descriptions_travel_as_json_never_pickled() -> None:
+    """Ranks tell each other which optimizer state they hold in JSON: a tensor's dtype, a
+    scalar's value; any other object is refused by name instead of being pickled."""
+    import json
+
+    from longboat.collective.sharding.state import _entry, _scalars
+
+    entries = {
+        "exp_avg": _entry("exp_avg", torch.zeros(2, dtype=torch.float64)),
+        "step": _entry("step", torch.tensor(3.0)),
+        "count": _entry("count", 7),
+    }
+    assert json.loads(json.dumps(entries)) == entries
+    assert entries["exp_avg"] == {"dtype": "float64"}
+    rebuilt = _scalars(entries)
+    assert torch.equal(rebuilt["step"], torch.tensor(3.0)) and rebuilt["count"] == 7
+    with pytest.raises(TypeError, match="nothing is pickled"):
+        _entry("weird", object())

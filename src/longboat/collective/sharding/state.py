@@ -9,12 +9,13 @@ slices its rank owns. Gathering is collective: every rank of the job calls it.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from longboat.collective.sharding.layout import Piece, flat_view
+from longboat.comm.exchange import allgather_bytes
 from longboat.comm.handles import wait_for
 
 if TYPE_CHECKING:
@@ -25,46 +26,63 @@ def _shaped(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() > 0
 
 
-def _describe(step: ShardedStep) -> dict[int, dict[str, Any]]:
-    """Per user group with state here: ``{key: dtype}`` for shaped state, ``{key: (value,)}``
-    for a scalar (the same on every shard of the group)."""
-    out: dict[int, dict[str, Any]] = {}
+def _describe(step: ShardedStep) -> dict[str, dict[str, Any]]:
+    """Per user group with state here (keys: the group's index as text), JSON-safe:
+    ``{key: {"dtype": name}}`` for shaped state, ``{key: {"scalar": value, "dtype": name}}``
+    for a scalar tensor (the same on every shard of the group), ``{key: {"value": v}}`` for
+    a Python number."""
+    out: dict[str, dict[str, Any]] = {}
     if step.optimizer is None:
         return out
     for user, shard in step.group_map:
         for p in step.optimizer.param_groups[shard]["params"]:
             state = step.optimizer.state.get(p)
-            if not state:
-                continue
-            out[user] = {
-                k: v.dtype if _shaped(v) else (v.detach().cpu() if torch.is_tensor(v) else v,)
-                for k, v in state.items()
-            }
-            break
+            if state:
+                out[str(user)] = {k: _entry(k, v) for k, v in state.items()}
+                break
     return out
 
 
-def gather_state_dict(step: ShardedStep) -> dict[str, Any]:
-    """The full ``state_dict`` of the user's optimizer class (collective over the job)."""
-    described: list[Any] = [None] * step.groups.degree
-    dist.all_gather_object(described, _describe(step), group=step.groups.shard)
-    keys: dict[int, dict[str, Any]] = {}
-    for rank_keys in described:
-        for g, info in rank_keys.items():
-            keys.setdefault(g, info)
-    shaped = sorted(
-        {k for info in keys.values() for k, v in info.items() if isinstance(v, torch.dtype)}
+def _entry(key: str, value: Any) -> dict[str, Any]:
+    if _shaped(value):
+        return {"dtype": str(value.dtype).removeprefix("torch.")}
+    if torch.is_tensor(value):
+        return {"scalar": value.item(), "dtype": str(value.dtype).removeprefix("torch.")}
+    if value is None or isinstance(value, bool | int | float):
+        return {"value": value}
+    raise TypeError(
+        f"sharding cannot gather optimizer state {key!r} of type {type(value).__name__}: only "
+        "tensors and numbers travel between ranks (nothing is pickled)"
     )
-    group_of = _group_of_params(step)
+
+
+def _descriptions(step: ShardedStep) -> dict[int, dict[str, dict[str, Any]]]:
+    """Every shard rank's `_describe`, merged: user group -> key -> entry (JSON over the
+    shard group; nothing that crosses the network is unpickled)."""
+    mine = json.dumps(_describe(step)).encode()
+    keys: dict[int, dict[str, dict[str, Any]]] = {}
+    for raw in allgather_bytes(mine, group=step.groups.shard):
+        for g, info in json.loads(raw).items():
+            keys.setdefault(int(g), info)
+    return keys
+
+
+def _is_shaped(entry: dict[str, Any] | None) -> bool:
+    return entry is not None and set(entry) == {"dtype"}
+
+
+def _gathered_shaped(
+    step: ShardedStep, keys: dict[int, dict[str, dict[str, Any]]], group_of: list[int | None]
+) -> dict[int, dict[str, torch.Tensor]]:
+    """Parameter index -> shaped state, all-gathered bucket by bucket from the shards."""
+    dtypes = {k: e["dtype"] for info in keys.values() for k, e in info.items() if _is_shaped(e)}
     pieces: dict[int, list[tuple[Piece, torch.Tensor]]] = {}
     for (s, piece), p in zip(step.pieces, step.shard_params, strict=True):
         pieces.setdefault(s.index, []).append((piece, p))
-    full_state: dict[int, dict[str, Any]] = {}
+    full_state: dict[int, dict[str, torch.Tensor]] = {}
     for s in step.layout.buckets:
-        for key in shaped:
-            dtype = next(
-                info[key] for info in keys.values() if isinstance(info.get(key), torch.dtype)
-            )
+        for key in sorted(dtypes):
+            dtype = getattr(torch, dtypes[key])
             local = torch.zeros(s.shard_numel, dtype=dtype, device=s.device)
             for piece, p in pieces.get(s.index, []):
                 state = step.optimizer.state.get(p) if step.optimizer is not None else None
@@ -74,21 +92,34 @@ def gather_state_dict(step: ShardedStep) -> dict[str, Any]:
             wait_for(step.groups.all_gather(full, local))
             for i, off in s.members:
                 g = group_of[i]
-                if g is None or not isinstance(keys.get(g, {}).get(key), torch.dtype):
+                if g is None or not _is_shaped(keys.get(g, {}).get(key)):
                     continue
                 param = step.params[i]
                 value = torch.empty_like(param, dtype=dtype)
                 flat_view(value).copy_(full[off : off + param.numel()])
                 full_state.setdefault(i, {})[key] = value
+    return full_state
+
+
+def _scalars(info: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A group's scalar state, rebuilt from its JSON entries (scalar tensors on the CPU)."""
+    out: dict[str, Any] = {}
+    for key, entry in info.items():
+        if "scalar" in entry:
+            out[key] = torch.tensor(entry["scalar"], dtype=getattr(torch, entry["dtype"]))
+        elif "value" in entry:
+            out[key] = entry["value"]
+    return out
+
+
+def gather_state_dict(step: ShardedStep) -> dict[str, Any]:
+    """The full ``state_dict`` of the user's optimizer class (collective over the job)."""
+    keys = _descriptions(step)
+    group_of = _group_of_params(step)
+    full_state: dict[int, dict[str, Any]] = _gathered_shaped(step, keys, group_of)
     for i, g in enumerate(group_of):
-        if g is None or g not in keys:
-            continue
-        for key, info in keys[g].items():
-            if isinstance(info, tuple):
-                value = info[0]
-                full_state.setdefault(i, {})[key] = (
-                    value.clone() if torch.is_tensor(value) else value
-                )
+        if g is not None and g in keys:
+            full_state.setdefault(i, {}).update(_scalars(keys[g]))
     plain = step.user.state_dict()  # the user's param groups, numbered as torch numbers them
     index = _torch_index(step)
     plain["state"] = {
