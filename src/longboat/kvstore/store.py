@@ -19,8 +19,8 @@ from longboat.kvstore.optimizer import Optimizer, as_optimizer
 from longboat.kvstore.sparse import RowSparse, check_rows
 from longboat.kvstore.types import kind_of, sums_on_device
 from longboat.log import get_logger
-from longboat.ps.client import PSError
-from longboat.ps.kv import KVClient
+from longboat.ps.trainer.client import PSError
+from longboat.ps.trainer.kv import KVClient
 
 Key = int | str
 Part = torch.Tensor | RowSparse

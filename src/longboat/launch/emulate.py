@@ -216,7 +216,7 @@ def _ps_token_file(args: argparse.Namespace, log_dir: Path) -> str | None:
         return None
     if os.environ.get("LONGBOAT_PS_TOKEN_FILE"):
         return None
-    from longboat.ps.auth import job_token_file
+    from longboat.ps.shared.auth import job_token_file
 
     return job_token_file(log_dir)
 

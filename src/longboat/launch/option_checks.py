@@ -71,7 +71,7 @@ def _check_ps_roles(servers: int, workers: int, nnodes: int) -> None:
         )
     path = os.environ.get("LONGBOAT_PS_TOKEN_FILE")
     if path and not os.environ.get("LONGBOAT_PS_TOKEN"):
-        from longboat.ps.auth import AuthError, load_token
+        from longboat.ps.shared.auth import AuthError, load_token
 
         try:
             load_token({"LONGBOAT_PS_TOKEN_FILE": path})

@@ -291,7 +291,7 @@ def _rank_env(spec: LaunchSpec, my_ip: str, ports: list[int]) -> dict[str, str]:
     elif spec.servers:
         env["LONGBOAT_NUM_SERVERS"] = str(spec.servers)
         if not (os.environ.get("LONGBOAT_PS_TOKEN") or os.environ.get("LONGBOAT_PS_TOKEN_FILE")):
-            from longboat.ps.auth import job_token_file  # a fresh token per job, 0600 file
+            from longboat.ps.shared.auth import job_token_file  # a fresh token per job, 0600 file
 
             env["LONGBOAT_PS_TOKEN_FILE"] = job_token_file(spec.log_dir)
     if spec.elastic:  # the node count is the rendezvous round's (GROUP_WORLD_SIZE)
