@@ -17,6 +17,7 @@ from tests.comm.test_handles import RecordingSync
 def recorded(monkeypatch: pytest.MonkeyPatch):
     sync = RecordingSync()
     monkeypatch.setitem(streams.SYNCS, "cpu", sync)  # CPU tensors take the device path
+    import longboat as lb
     import longboat.horovod.torch as hvd
 
     hvd.init()
@@ -24,6 +25,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch):
         yield sync, hvd
     finally:
         hvd.shutdown()
+        lb.shutdown()  # hvd.shutdown keeps longboat's cluster, as Horovod keeps MPI
 
 
 def test_an_op_starts_after_the_submitting_stream_and_its_waiter_waits_for_it(recorded) -> None:
