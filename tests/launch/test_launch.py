@@ -255,3 +255,14 @@ def test_stall_report_is_shown_even_far_from_the_end_of_the_log(tmp_path):
     assert "ERROR" in report and "Missing ranks: 0: [barrier]" in report
     tail = summary[summary.index("--- last 20 lines of log/workerlog.1 ---") + 1 :]
     assert len(tail) == 20 and not any("Missing ranks:" in line for line in tail)
+
+
+@pytest.mark.slow  # slow tier: two restarts of a launched group
+def test_a_plain_torch_script_forms_its_group_again_after_each_restart(tmp_path):
+    """Each restart's ranks get a store of their own: a script calling init_process_group
+    itself no longer reads the dead ranks' addresses (Gloo's "Connection refused")."""
+    probe = str(Path(__file__).with_name("plain_torch_restart_probe.py"))
+    done = launch(tmp_path, "--nproc-per-node", "2", "--max-restarts", "2", probe, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "restart attempt 2 of 2" in done.stdout
+    assert "attempt 2: sum 2" in (tmp_path / "log" / "workerlog.0").read_text()

@@ -26,10 +26,12 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
+from longboat.cluster import job_timeout
 from longboat.launch import torch_compat
 from longboat.launch.arrivals import RendezvousWait
 from longboat.launch.exit_watch import ExitWatch
 from longboat.launch.exits import GroupFailure, RankExit, classify
+from longboat.launch.worker_store import WorkerStores
 
 _FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
 
@@ -83,6 +85,13 @@ class WatchedAgent(LocalElasticAgent):
         self._torch_failures: dict[int, ProcessFailure] = {}
         self._failed_seen: float | None = None
         self.failure: GroupFailure | None = None
+        self._worker_stores = WorkerStores(job_timeout())
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        super()._rendezvous(worker_group)
+        if worker_group.spec.rdzv_handler.get_backend() == "static":
+            attempt = worker_group.spec.max_restarts - self._remaining_restarts
+            self._worker_stores.point(worker_group, attempt)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._close_watch()
