@@ -121,6 +121,7 @@ def _launch(spec: LaunchSpec, console: Console, started: float, host: str, expli
                     on_restart,
                     shutdown_grace_s=_SHUTDOWN_GRACE_S,
                     waiting=waiting,
+                    fresh_stores=not spec.multinode_ps,  # there a node restarts alone
                     **_elastic_agent(spec, master, my_ip, console),
                 )
                 console.print(finished_line(spec, time.monotonic() - started), markup=False)

@@ -67,6 +67,9 @@ class WatchedAgent(LocalElasticAgent):
 
     ``shutdown_grace_s``: for a torch whose agent has no ``shutdown_timeout``, how long ranks
     being stopped get between the death signal and SIGKILL (torch's default is 30 s).
+    ``fresh_stores``: every node restarts with the others, so each attempt's ranks can get a
+    store of their own (`longboat.launch.worker_store`); False where a node restarts only its
+    own ranks (several-node parameter-server jobs), whose peers keep the first store.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class WatchedAgent(LocalElasticAgent):
         on_restart: Callable[[Restart], None] | None = None,
         shutdown_grace_s: float | None = None,
         on_started: Callable[[], None] | None = None,
+        fresh_stores: bool = True,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -85,11 +89,12 @@ class WatchedAgent(LocalElasticAgent):
         self._torch_failures: dict[int, ProcessFailure] = {}
         self._failed_seen: float | None = None
         self.failure: GroupFailure | None = None
-        self._worker_stores = WorkerStores(job_timeout())
+        self._worker_stores = WorkerStores(job_timeout()) if fresh_stores else None
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         super()._rendezvous(worker_group)
-        if worker_group.spec.rdzv_handler.get_backend() == "static":
+        static = worker_group.spec.rdzv_handler.get_backend() == "static"
+        if static and self._worker_stores is not None:
             attempt = worker_group.spec.max_restarts - self._remaining_restarts
             self._worker_stores.point(worker_group, attempt)
 
