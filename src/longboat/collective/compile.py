@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from longboat.collective.compile_split import BucketSplitter, CompilerFn
+from longboat.collective.compiled_autograd import HOW
 from longboat.log import get_logger
 
 if TYPE_CHECKING:
@@ -30,11 +31,6 @@ if TYPE_CHECKING:
 
 log = get_logger("longboat.compile")
 
-HOW = (
-    "compile the model lb.distribute returns with model.compile(...) or lb.compile(model, ...) "
-    "(the arguments of torch.compile), which cuts the compiled graph at longboat's bucket "
-    "boundaries (docs/compile.md)"
-)
 
 _COMPILED_NODE = "CompiledFunctionBackward"  # the autograd node of an AOT-compiled graph
 _SEARCH = 32  # autograd nodes looked at, from the output, for a compiled one
@@ -141,19 +137,3 @@ def warn_compiled_elsewhere() -> None:
     )
 
 
-def refuse_compiled_autograd() -> None:
-    """Raise if compiled autograd is on: it traces the whole backward, the reducer's gradient
-    hooks included, into one graph, so buckets could not launch during backward."""
-    from torch._dynamo import compiled_autograd
-
-    if (
-        torch._dynamo.config.compiled_autograd
-        or compiled_autograd.compiled_autograd_enabled
-        or compiled_autograd.in_compiled_autograd_region
-    ):
-        raise RuntimeError(
-            "compiled autograd (torch._dynamo.config.compiled_autograd or "
-            "torch._dynamo.compiled_autograd.enable) is not supported with longboat: it "
-            "traces the whole backward, longboat's gradient hooks included, into one graph. "
-            f"Turn it off; to compile the model with overlap, {HOW}."
-        )

@@ -13,7 +13,7 @@ import multiprocessing.util
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -26,8 +26,14 @@ from longboat.trace.config import TraceConfig, TraceFields
 from longboat.trace.recorder import Recorder, comm_lane
 from longboat.trace.stall import StallWatch
 
-if TYPE_CHECKING:
-    from longboat.collective.model import DistributedModel
+
+class Observed(Protocol):
+    """What `attach` reads of the model (``longboat.collective.model.DistributedModel``): its
+    reducer (buckets, the observer slot), its plan (communicators, label) and its module."""
+
+    reducer: Any
+    plan: Any
+    module: torch.nn.Module
 
 
 class Recording(Protocol):
@@ -217,7 +223,7 @@ class RecordStep(Stage):
 
 
 def attach(
-    model: DistributedModel,
+    model: Observed,
     optimizer: torch.optim.Optimizer | None,
     config: TraceConfig | TraceFields,
 ) -> Any:
