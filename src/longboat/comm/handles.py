@@ -26,6 +26,7 @@ import torch
 from torch.futures import Future
 
 from longboat.comm.algorithms import Handle
+from longboat.comm.streams import sync_for
 
 
 class FutureHandle:
@@ -64,8 +65,8 @@ def completed(tensor: torch.Tensor) -> Future:
     """A future already holding ``tensor``, for work that has finished as far as the caller's
     stream is concerned (after ``wait_for``): on a GPU it records the current stream's event,
     so whoever waits on it is ordered after everything queued there so far."""
-    device = tensor.device
-    future: Future = Future(devices=[device]) if device.type == "cuda" else Future()
+    sync = sync_for(tensor.device)  # the device types that order streams, as everywhere
+    future: Future = sync.future(tensor.device) if sync is not None else Future()
     future.set_result(tensor)
     return future
 
