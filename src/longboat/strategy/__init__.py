@@ -1,7 +1,8 @@
 """The Strategy: every distributed-training setting, typed, validated and explained.
 
 Fields follow PaddlePaddle Fleet's ``DistributedStrategy`` (DistributedStrategy, BuildStrategy and
-ExecutionStrategy tables). The field table lives in ``longboat.strategy.fields`` (the
+ExecutionStrategy tables). The field table lives in ``longboat.strategy.fields`` (one
+module per group: ``fields_distributed``, ``fields_build``, ``fields_execution``; the
 per-feature config tables in ``configs``, the conflict rules in ``conflicts``, what comes from
 the algorithm and compressor registries in ``registered``); validation, defaults, environment
 overrides, docs and the printed table all derive from it.
