@@ -110,7 +110,7 @@ def test_blank_counts_as_unset_and_good_values_pass():
 
 
 def test_every_longboat_variable_read_in_the_source_has_a_parser():
-    """A new ``LONGBOAT_*`` variable gets its parser in longboat.cluster.env (or is a Strategy
+    """A new ``LONGBOAT_*`` variable gets its parser in longboat.cluster.variables (or is a Strategy
     field); every parsed one is known to the Strategy, which warns about unknown ones."""
     names: set[str] = set()
     for path in SRC.rglob("*.py"):
