@@ -33,9 +33,9 @@ import os
 import secrets
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -131,27 +131,40 @@ def save_checkpoint(
     _check_state(state)
     if not all_ranks and _rank() != 0:
         return False
-    started = time.time()
     target = Path(os.fspath(path))
     if target.is_dir():
         raise IsADirectoryError(f"save_checkpoint: {target} is a directory; give a file path")
+    write_atomically(target, lambda f: torch.save(dict(state), f), verify=_verify)
+    return True
+
+
+def write_atomically(
+    target: Path,
+    write: Callable[[BinaryIO], None],
+    verify: Callable[[Path, Path], None] | None = None,
+) -> None:
+    """``write`` a temporary file next to ``target`` (parents created), fsync it, ``verify(tmp,
+    target)`` it, rename it onto ``target`` and fsync the directory: a crash at any moment
+    leaves the previous ``target`` or the new one. Temporary files of crashed earlier writes
+    of ``target`` are removed."""
+    started = time.time()
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(target, older_than=started)
     tmp = target.with_name(f"{_tmp_prefix(target)}{os.getpid()}-{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(dict(state), f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
-        _verify(tmp, target)
+        if verify is not None:
+            verify(tmp, target)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     _fsync_dir(target.parent)
-    return True
 
 
 def _verify(tmp: Path, target: Path) -> None:
