@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from longboat.launch import emulate, netns
+from longboat.launch import emulate, link_rates, netns
 
 pytestmark = [
     pytest.mark.slow,
@@ -109,17 +109,17 @@ def _processes_mentioning(token: str) -> list[int]:
 
 
 def test_parse_rate_and_burst() -> None:
-    assert netns.parse_rate("1gbit") == 10**9
-    assert netns.parse_rate("100mbit") == 10**8
-    assert netns.parse_rate("12.5mbps") == 10**8  # bytes per second, as tc reads "bps"
-    assert netns.format_rate(10**9) == "1gbit"
-    assert netns.burst_for(10**9) == 125_000  # 1 ms at 1 Gbit/s
-    assert netns.burst_for(10**7) == netns.MIN_BURST_BYTES
+    assert link_rates.parse_rate("1gbit") == 10**9
+    assert link_rates.parse_rate("100mbit") == 10**8
+    assert link_rates.parse_rate("12.5mbps") == 10**8  # bytes per second, as tc reads "bps"
+    assert link_rates.format_rate(10**9) == "1gbit"
+    assert link_rates.burst_for(10**9) == 125_000  # 1 ms at 1 Gbit/s
+    assert link_rates.burst_for(10**7) == link_rates.MIN_BURST_BYTES
     with pytest.raises(ValueError, match="1gigabit"):
-        netns.parse_rate("1gigabit")
-    assert netns.parse_latency("10ms") == pytest.approx(0.01)
+        link_rates.parse_rate("1gigabit")
+    assert link_rates.parse_latency("10ms") == pytest.approx(0.01)
     with pytest.raises(ValueError, match="10 parsecs"):
-        netns.parse_latency("10 parsecs")
+        link_rates.parse_latency("10 parsecs")
 
 
 def test_subnet_avoids_used_networks() -> None:

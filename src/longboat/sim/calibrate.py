@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from longboat.launch.netns import parse_rate
+from longboat.launch.link_rates import parse_rate
 from longboat.sim import cost
 from longboat.sim.cluster import AlgorithmCost, Cluster, Link
 
