@@ -4,8 +4,8 @@
     python benchmarks/sharding_memory.py --device cuda   # one GPU, 4 virtual ranks
 
 Each configuration trains an MLP with Adam for a few steps, then reports this rank's optimizer
-state, gradient and parameter bytes by tensor storage
-(`longboat.collective.sharding.memory.memory_report`), the median step time and, on a GPU,
+state, gradient and parameter bytes by tensor storage (`longboat.tools.bench.train_memory`,
+as ``longboat bench train`` counts them with sharding on), the median step time and, on a GPU,
 ``torch.cuda.memory_allocated`` after the step and its peak during one. On the CPU the ranks
 are real Gloo ranks (DDP + ``ZeroRedundancyOptimizer`` runs beside longboat); on one GPU the
 ranks are the lagging test backend's virtual ranks (``tests/_lagging_backend.py``), whose
@@ -44,7 +44,8 @@ def _model(width: int, depth: int, device: torch.device) -> nn.Module:
 
 def _measure(system: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     import longboat as lb
-    from longboat.collective.sharding.memory import memory_report, storage_bytes
+    from longboat.collective.sharding.memory import storage_bytes
+    from longboat.tools.bench.train_memory import held_bytes
 
     model = _model(args.width, args.depth, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
@@ -77,25 +78,14 @@ def _measure(system: str, args: argparse.Namespace, device: torch.device) -> dic
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated(device)
         times.append(time.perf_counter() - start)
-    if system.startswith("DDP"):
-        state = [
-            t for s in optimizer.optim.state.values() for t in s.values() if torch.is_tensor(t)
-        ]
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        row = {
-            "state": storage_bytes(state),
-            "grads": storage_bytes(grads),
-            "params": storage_bytes(list(model.parameters())),
-            "allocated": torch.cuda.memory_allocated(device) if device.type == "cuda" else None,
-        }
-    else:
-        report = memory_report(run, opt)
-        row = {
-            "state": report.optimizer_state_bytes,
-            "grads": report.gradient_bytes,
-            "params": report.parameter_bytes,
-            "allocated": report.device_allocated_bytes,
-        }
+    state, grads = held_bytes(run, opt)
+    row = {
+        "state": state,
+        "grads": grads,
+        "params": storage_bytes(list(model.parameters())),
+        "allocated": torch.cuda.memory_allocated(device) if device.type == "cuda" else None,
+    }
+    if not system.startswith("DDP"):
         run.reducer.remove_hooks()
     row["step_ms"] = statistics.median(times[1:]) * 1e3
     row["peak"] = peak if device.type == "cuda" else None

@@ -88,6 +88,30 @@ def test_bench_train_compiled_end_to_end(tmp_path: Path) -> None:
     assert "overlap" not in out.stderr  # lb.compile's model does not warn about lost overlap
 
 
+@pytest.mark.slow  # six systems on two ranks: the slow tier
+def test_bench_train_sharded_against_unsharded_ddp_and_zero(tmp_path: Path) -> None:
+    out = _longboat(
+        "train", "--model", "mlp-tiny", "--nproc", "2", "--warmup", "1", "--steps", "2",
+        "--rounds", "3", "--set", "sharding=true", "--set", 'sharding_configs={"stage":2}',
+        "--json", str(tmp_path / "t.json"), "--markdown",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    results = json.loads((tmp_path / "t.json").read_text())["results"]["mlp-tiny"]
+    rows = {r["system"]: r for r in results}
+    assert list(rows) == ["longboat", "longboat unsharded", "ddp", "ddp zero"]
+    params_mb = rows["longboat"]["params"] * 4 / 2**20
+    # SGD with momentum: one buffer per element, halved by either ZeRO; stage 2 halves gradients
+    assert rows["longboat unsharded"]["optimizer_state_mb"] == pytest.approx(params_mb)
+    assert rows["longboat"]["optimizer_state_mb"] == pytest.approx(params_mb / 2, rel=0.01)
+    assert rows["ddp zero"]["optimizer_state_mb"] < 0.7 * params_mb
+    assert rows["longboat"]["gradient_mb"] == pytest.approx(params_mb / 2, rel=0.01)
+    assert rows["ddp"]["gradient_mb"] == pytest.approx(2 * params_mb)  # .grad and its buckets
+    assert rows["longboat"]["longboat_over_this"] == 1.0
+    assert all(r["longboat_over_this"] > 0 and r["device_peak_mb"] is None for r in rows.values())
+    assert "| mlp-tiny | longboat, sharding stage 2 | 2 |" in out.stdout
+    assert "sharded longboat / system" in out.stdout
+
+
 def test_summary_speedup_and_input_bound_flag() -> None:
     raw = {
         1: {"params": 1, "batch_per_rank": 10, "world_size": 1,
@@ -103,6 +127,30 @@ def test_summary_speedup_and_input_bound_flag() -> None:
     assert rows[("ddp", 2)]["efficiency"] == pytest.approx(0.4)
     assert rows[("longboat", 1)]["input_bound"] and not rows[("ddp", 1)]["input_bound"]
     assert rows[("longboat", 2)]["longboat_over_ddp"] == pytest.approx(0.5)
+
+
+def test_sharded_rows_pair_every_system_with_longboat() -> None:
+    def system(steps: list[float], state: float) -> dict:
+        memory = {"optimizer_state_mb": state, "gradient_mb": 1.0}
+        return {"step_s": steps, "data_s": [0.0] * len(steps), "memory": memory}
+
+    raw = {
+        2: {"params": 1, "batch_per_rank": 10, "world_size": 2, "sharding": {"stage": 1},
+            "longboat": system([0.2, 0.4, 0.3], 0.5),
+            "longboat unsharded": system([0.1, 0.4, 0.2], 1.0),
+            "ddp": system([0.1, 0.2, 0.3], 1.0), "ddp lean": system([0.1, 0.1, 0.1], 1.0),
+            "ddp zero": system([0.4, 0.8, 0.6], 0.5), "no sync": system([0.1, 0.1, 0.1], 1.0)},
+    }  # fmt: skip
+    rows = {r["system"]: r for r in train.summarise(raw)}
+    assert list(rows) == ["longboat", "longboat unsharded", "ddp", "ddp zero"]
+    assert rows["ddp zero"]["longboat_over_this"] == pytest.approx(0.5)  # paired, every round
+    assert rows["longboat unsharded"]["longboat_over_this"] == pytest.approx(1.5)  # 2, 1, 1.5
+    assert rows["ddp"]["longboat_over_this"] == pytest.approx(2.0)  # 2, 2, 1
+    assert rows["longboat"]["step_ms_p25_p75"][0] <= 300 <= rows["longboat"]["step_ms_p25_p75"][1]
+    assert rows["ddp zero"]["optimizer_state_mb"] == 0.5
+    table = train.markdown("m", list(rows.values()))
+    assert "| m | longboat, sharding stage 1 | 2 | 300.00 |" in table
+    assert "| m | ddp zero | 2 | 600.00 |" in table and "| 0.50 | 1.00 |" in table
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,13 @@ docs suggest for speed, and what longboat does by default); each ratio is paired
 With ``--compile`` every system runs compiled: longboat through ``lb.compile`` (its graph cut at
 longboat's buckets), DDP and the no-sync floor through ``torch.compile`` (DDP's graph cut at its
 own buckets by torch), so the ratios compare compiled steps with compiled steps.
+
+With sharding in longboat's Strategy (``--set sharding=true --set 'sharding_configs={"stage":
+2}'``), two systems join the same rounds: longboat with that Strategy less sharding, and DDP
+stepping torch's ``ZeroRedundancyOptimizer`` (ZeRO stage 1). A second table gives each one's
+step time with its quartiles, sharded longboat over it (paired round by round) and its memory
+per rank after the warm-up, the largest over the ranks: optimizer state and gradient bytes by
+tensor storage, and on a GPU the bytes it keeps allocated and its peak (`train_memory`).
 """
 
 from __future__ import annotations
@@ -45,7 +52,9 @@ from longboat.tools.bench.train_models import (
 from longboat.tools.bench.train_rank import (
     CPU,
     DDP_LEAN,
+    DDP_ZERO,
     NO_SYNC,
+    UNSHARDED,
     Config,
     System,
     rank_main,
@@ -57,6 +66,7 @@ from longboat.tools.bench.train_report import (
     paired,
     plot,
     render,
+    sharding_table,
     summarise,
 )
 from longboat.tools.progress import progress
@@ -64,9 +74,11 @@ from longboat.tools.progress import progress
 __all__ = [
     "CPU",
     "DDP_LEAN",
+    "DDP_ZERO",
     "INPUT_BOUND_FRACTION",
     "MODELS",
     "NO_SYNC",
+    "UNSHARDED",
     "CausalLM",
     "Config",
     "ModelSpec",
@@ -85,6 +97,7 @@ __all__ = [
     "resnet50",
     "run",
     "run_model",
+    "sharding_table",
     "strategy_fields",
     "summarise",
     "train_step",

@@ -1,11 +1,13 @@
 """One rank of `longboat bench train`: longboat, DDP (default and lean) and the no-sync floor
-built side by side, warmed up, then timed in alternating rounds."""
+built side by side, warmed up, then timed in alternating rounds. With sharding in the Strategy,
+the same Strategy without sharding and DDP with torch's ``ZeroRedundancyOptimizer`` join them,
+and every system's memory per rank is taken after its warm-up (`train_memory`)."""
 
 from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,12 +16,22 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from longboat.tools.bench.train_memory import DeviceMemory, held_bytes, max_over_ranks
 from longboat.tools.bench.train_models import MODELS, ModelSpec, SyntheticDataset
 
 CPU = torch.device("cpu")
 NO_SYNC = "no sync"  # the same model stepped with no gradient exchange: the compute floor
 #: DDP tuned as its docs suggest: no buffer broadcast per forward, gradients as bucket views
 DDP_LEAN = "ddp lean"
+#: with sharding on: longboat with the same Strategy but sharding off
+UNSHARDED = "longboat unsharded"
+#: with sharding on: DDP (at its defaults) stepping torch's ZeroRedundancyOptimizer
+DDP_ZERO = "ddp zero"
+OPTIMIZER: tuple[type[torch.optim.Optimizer], dict[str, float]] = (
+    torch.optim.SGD,
+    {"lr": 0.01, "momentum": 0.9},
+)
+"""Every system's optimizer: class and hyper-parameters."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +153,17 @@ def _device(config: Config) -> torch.device:
 
 def _build(spec: ModelSpec, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = spec.build().to(device, memory_format=_layout(spec, device))
-    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    cls, hparams = OPTIMIZER
+    return model, cls(model.parameters(), **hparams)
+
+
+def sharded(strategy: dict[str, Any]) -> bool:
+    """Whether longboat's side runs with sharding (then the sharding systems join)."""
+    return bool(strategy.get("sharding"))
+
+
+def _unsharded(strategy: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in strategy.items() if k not in ("sharding", "sharding_configs")}
 
 
 def _no_forward_buffer_sync() -> dict[str, bool]:
@@ -163,33 +185,42 @@ def rank_main(config: Config) -> dict[str, Any] | None:
     device = _device(config)
     amp = _amp_dtype(config.strategy)
     scaled = amp == torch.float16
+    ids = [device.index] if device.type == "cuda" else None
 
     def baseline(model: nn.Module, opt: torch.optim.Optimizer) -> System:
         scaler = torch.amp.GradScaler(device.type) if scaled else None
         return System(torch.compile(model) if config.compile else model, opt, amp, scaler)
 
-    systems: dict[str, System] = {}
-    ours, opt = _build(spec, device)
-    model, opt = lb.distribute(ours, opt, lb.Strategy(**config.strategy))
-    if config.compile:
-        lb.compile(model)
-    systems["longboat"] = System(model, opt)
-    theirs, opt = _build(spec, device)
-    ids = [device.index] if device.type == "cuda" else None
-    systems["ddp"] = baseline(nn.parallel.DistributedDataParallel(theirs, device_ids=ids), opt)
-    lean, opt = _build(spec, device)
-    systems[DDP_LEAN] = baseline(
-        nn.parallel.DistributedDataParallel(
-            lean, device_ids=ids, gradient_as_bucket_view=True, **_no_forward_buffer_sync()
-        ),
-        opt,
-    )
+    def longboat(strategy: dict[str, Any]) -> System:
+        model, opt = lb.distribute(*_build(spec, device), lb.Strategy(**strategy))
+        if config.compile:
+            lb.compile(model)
+        return System(model, opt)
+
+    def ddp(lean: bool = False) -> System:
+        model, opt = _build(spec, device)
+        options = dict(gradient_as_bucket_view=True, **_no_forward_buffer_sync()) if lean else {}
+        return baseline(nn.parallel.DistributedDataParallel(model, device_ids=ids, **options), opt)
+
+    def ddp_zero() -> System:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        model = spec.build().to(device, memory_format=_layout(spec, device))
+        cls, hparams = OPTIMIZER
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **hparams)
+        return baseline(nn.parallel.DistributedDataParallel(model, device_ids=ids), opt)
+
+    builders: dict[str, Callable[[], System]] = {"longboat": lambda: longboat(config.strategy)}
+    if sharded(config.strategy):
+        builders[UNSHARDED] = lambda: longboat(_unsharded(config.strategy))
+    builders["ddp"] = ddp
+    builders[DDP_LEAN] = lambda: ddp(lean=True)
+    if sharded(config.strategy):
+        builders[DDP_ZERO] = ddp_zero
     # the compute floor: the same steps with no gradient exchange, which no allreduce beats
-    systems[NO_SYNC] = baseline(*_build(spec, device))
-    batches = {name: _batches(spec, config, lb.rank(), device) for name in systems}
-    for name, system in systems.items():
-        if config.warmup:
-            _round(system, batches[name], config.warmup, device)  # discarded
+    builders[NO_SYNC] = lambda: baseline(*_build(spec, device))
+    systems, batches, memory = _warm_up(builders, spec, config, device)
+    held = max_over_ranks(memory) if sharded(config.strategy) else {}
     out: dict[str, Any] = {name: {"step_s": [], "data_s": []} for name in systems}
     order = list(systems)
     for r in range(config.rounds):
@@ -199,12 +230,44 @@ def rank_main(config: Config) -> dict[str, Any] | None:
             out[name]["data_s"].append(data)
     if lb.rank() != 0:
         return None
-    params = sum(p.numel() for p in ours.parameters())
+    for name, columns in held.items():
+        out[name]["memory"] = columns
+    params = sum(p.numel() for p in systems[NO_SYNC].model.parameters())
     return {
         "params": params,
         "batch_per_rank": spec.batch,
         "world_size": lb.world_size(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "compiled": config.compile,
+        "sharding": dict(config.strategy.get("sharding_configs") or {})
+        if sharded(config.strategy)
+        else None,
         **out,
     }
+
+
+def _warm_up(
+    builders: dict[str, Callable[[], System]],
+    spec: ModelSpec,
+    config: Config,
+    device: torch.device,
+) -> tuple[dict[str, System], dict[str, Iterator], dict[str, list[float | None]]]:
+    """Build each system and run its warm-up steps (discarded), one system after the other;
+    then what it holds: optimizer state and gradient bytes, and on a GPU the bytes it keeps
+    allocated and its peak (`longboat.tools.bench.train_memory`); only with sharding on."""
+    import longboat as lb
+
+    measure = sharded(config.strategy)
+    gpu = DeviceMemory(device) if device.type == "cuda" and measure else None
+    systems, batches, memory = {}, {}, {}
+    for name, build in builders.items():
+        if gpu is not None:
+            gpu.start()
+        systems[name] = system = build()
+        batches[name] = _batches(spec, config, lb.rank(), device)
+        if config.warmup:
+            _round(system, batches[name], config.warmup, device)
+        if measure:
+            kept, peak = gpu.stop() if gpu is not None else (None, None)
+            memory[name] = [*held_bytes(system.model, system.opt), kept, peak]
+    return systems, batches, memory

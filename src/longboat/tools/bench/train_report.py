@@ -1,5 +1,7 @@
 """`longboat bench train`'s results: rows per system and rank count (samples/s, speedup,
-efficiency, input-boundness, paired step-time ratios), as a table, Markdown or a plot."""
+efficiency, input-boundness, paired step-time ratios), as a table, Markdown or a plot; with
+sharding on, a second table sets sharded longboat against unsharded longboat, DDP and DDP with
+``ZeroRedundancyOptimizer``, with each one's memory per rank."""
 
 from __future__ import annotations
 
@@ -7,15 +9,20 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from longboat.tools.bench.train_rank import DDP_LEAN, NO_SYNC
+from longboat.tools.bench.train_memory import FIELDS
+from longboat.tools.bench.train_rank import DDP_LEAN, DDP_ZERO, NO_SYNC, UNSHARDED
 
 INPUT_BOUND_FRACTION = 0.1
+ROWS = ("longboat", UNSHARDED, "ddp", DDP_ZERO)
+"""The systems that get a row, in this order, where the run has them."""
 
 
 def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows per (system, nproc): samples/s, speedup and efficiency vs 1 rank (None without a
     1-rank run), input-boundness, the longboat/DDP ratio and the no-sync floor's ratio to DDP
-    (the same steps without any gradient exchange: the best any allreduce could reach)."""
+    (the same steps without any gradient exchange: the best any allreduce could reach); every
+    row also has its step-time quartiles, longboat over that system paired round by round
+    (``longboat_over_this``) and, with sharding on, its memory per rank."""
     rows = []
     base: dict[str, float] = {}
     for nproc in sorted(raw):
@@ -24,8 +31,9 @@ def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
         floor = paired(r, NO_SYNC, "ddp")[0] if NO_SYNC in r else None
         lean = paired(r, "longboat", DDP_LEAN) if DDP_LEAN in r else None
         over_plain = paired(r, "longboat", NO_SYNC) if NO_SYNC in r else None
-        for system in ("longboat", "ddp"):
+        for system in (s for s in ROWS if s in r):
             step = statistics.median(r[system]["step_s"])
+            over_this = paired(r, "longboat", system)
             data = statistics.median(r[system]["data_s"])
             throughput = r["batch_per_rank"] * nproc / step
             if nproc == 1:
@@ -53,6 +61,12 @@ def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
                     "compiled": r.get("compiled", False),
                     "batch_per_rank": r["batch_per_rank"],
                     "rounds": len(r[system]["step_s"]),
+                    "step_ms_p25_p75": [q * 1e3 for q in _quartiles(r[system]["step_s"])],
+                    "longboat_over_this": over_this[0],
+                    "longboat_over_this_p25_p75": list(over_this[1]),
+                    "sharding": r.get("sharding"),
+                    **dict.fromkeys(FIELDS),
+                    **r[system].get("memory", {}),
                 }
             )
     return rows
@@ -61,14 +75,17 @@ def summarise(raw: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
 def paired(raw: dict[str, Any], system: str, baseline: str) -> tuple[float, tuple[float, float]]:
     """Median and quartiles of ``system``/``baseline`` step-time ratios, round by round (the
     two ran back to back in each round, so machine noise hits both alike)."""
-    ratios = sorted(
-        a / b for a, b in zip(raw[system]["step_s"], raw[baseline]["step_s"], strict=True)
-    )
-    median = statistics.median(ratios)
-    if len(ratios) < 2:
-        return median, (median, median)
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
-    return median, (q1, q3)
+    ratios = [a / b for a, b in zip(raw[system]["step_s"], raw[baseline]["step_s"], strict=True)]
+    return statistics.median(ratios), _quartiles(ratios)
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float]:
+    """(p25, p75) of ``values`` (both the value itself when there is one)."""
+    if len(values) < 2:
+        median = statistics.median(values)
+        return median, median
+    q1, _, q3 = statistics.quantiles(sorted(values), n=4)
+    return q1, q3
 
 
 def _ratio(value: float | None, fmt: str) -> str:
@@ -116,6 +133,15 @@ def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
     console = Console()
     console.width = max(console.width, 110)
     console.print(table)
+    shards = sharding_table(rows)
+    if shards is not None:
+        head, cells = shards
+        second = Table(title=f"bench train: {_label(model, rows)}, sharding against the rest")
+        for column in head:
+            second.add_column(column, justify="right")
+        for row in cells:
+            second.add_row(*row)
+        console.print(second)
 
 
 def markdown(model: str, rows: Sequence[dict[str, Any]]) -> str:
@@ -133,7 +159,38 @@ def markdown(model: str, rows: Sequence[dict[str, Any]]) -> str:
             f"| {r['longboat_over_ddp']:.3f} | {_ratio(r.get('longboat_over_ddp_lean'), '{:.3f}')} "
             f"| {_ratio(r.get('no_sync_over_ddp'), '{:.3f}')} |"
         )
+    shards = sharding_table(rows)
+    if shards is not None:
+        head, cells = shards
+        lines += ["", "| model | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+        lines += [f"| {label} | " + " | ".join(row) + " |" for row in cells]
     return "\n".join(lines)
+
+
+def sharding_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]] | None:
+    """Headers and cells of the sharding comparison (None for a run without sharding): each
+    system's step time with its quartiles, sharded longboat over it (paired round by round,
+    with quartiles) and its memory per rank (the largest over the ranks)."""
+    mine = [r for r in rows if r.get("sharding") is not None]
+    if not mine:
+        return None
+    gpu = any(r.get("device_allocated_mb") is not None for r in mine)
+    head = ["system", "ranks", "step ms", "p25-p75", "sharded longboat / system", "p25-p75"]
+    head += ["optimizer state MB", "gradients MB"]
+    head += ["allocated MB", "peak MB"] if gpu else []
+    stage = mine[0]["sharding"].get("stage", 1)
+    cells = []
+    for r in mine:
+        system = f"longboat, sharding stage {stage}" if r["system"] == "longboat" else r["system"]
+        low, high = r["step_ms_p25_p75"]
+        q1, q3 = r["longboat_over_this_p25_p75"]
+        row = [system, str(r["nproc"]), f"{r['step_ms']:.2f}", f"{low:.2f}-{high:.2f}"]
+        row += [f"{r['longboat_over_this']:.3f}", f"{q1:.3f}-{q3:.3f}"]
+        columns = ("optimizer_state_mb", "gradient_mb")
+        columns += ("device_allocated_mb", "device_peak_mb") if gpu else ()
+        row += [_ratio(r.get(c), "{:.2f}") for c in columns]
+        cells.append(row)
+    return head, cells
 
 
 def plot(results: dict[str, list[dict[str, Any]]], out: str) -> None:
