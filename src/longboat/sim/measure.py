@@ -15,10 +15,12 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.hooks import RemovableHandle
 
 from longboat.collective.buckets import layer_of
 from longboat.sim.profile import Param, Profile
@@ -87,51 +89,127 @@ def measure(
     clock = _Clock(dev)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.SGD([p for _, p in named], lr=0.01, momentum=0.9)
-    stamps: list[object] = [None] * len(named)
-    hooks = [
-        p.register_post_accumulate_grad_hook(lambda _p, i=i: stamps.__setitem__(i, clock.stamp()))
-        for i, (_, p) in enumerate(named)
-    ]
-    leaves = {n: m for n, m in model.named_modules() if not list(m.children())}
-    starts: dict[str, float] = {}
-    spent: dict[str, list[float]] = {n: [] for n in leaves}
-    module_hooks = []
-    for n, m in leaves.items() if not clock.cuda else ():
-        module_hooks.append(
-            m.register_forward_pre_hook(lambda *_, n=n: starts.__setitem__(n, time.perf_counter()))
-        )
-        module_hooks.append(
-            m.register_forward_hook(
-                lambda *_, n=n: spent[n].append(time.perf_counter() - starts[n])
-            )
-        )
-    fwd, bwd, step = [], [], []
-    ready: list[list[float]] = [[] for _ in named]
+    grads = _GradStamps(named, clock)
+    leaves = _LeafTimes(model, timed=not clock.cuda)
     ctx = torch.autocast(dev.type, dtype=torch.bfloat16) if amp else _nullcontext()
+    samples = _Samples(len(named))
     for r in range(warmup + repeats):
-        opt.zero_grad(set_to_none=True)
-        clock.sync()
-        t0 = clock.stamp()
-        with ctx:
-            loss = F.cross_entropy(model(batch[0]), batch[1])
-        t1 = clock.stamp()
-        loss.backward()
-        t2 = clock.stamp()
-        opt.step()
-        t3 = clock.stamp()
-        clock.sync()
+        stamps = _step(model, batch, opt, clock, ctx)
         if r >= warmup:
-            fwd.append(clock.seconds(t0, t1))
-            bwd.append(clock.seconds(t1, t2))
-            step.append(clock.seconds(t2, t3))
-            for i, s in enumerate(stamps):
-                ready[i].append(max(0.0, clock.seconds(t1, s)) if s is not None else 0.0)
+            samples.add(clock, stamps, grads.stamps)
         if done is not None:
             done()
-    for h in hooks + module_hooks:
-        h.remove()
+    grads.remove()
+    leaves.remove()
     flops = count_flops(model, batch)
-    params = tuple(
+    return Profile(
+        model=name,
+        batch=len(batch[0]),
+        forward_s=statistics.median(samples.fwd),
+        backward_s=statistics.median(samples.bwd),
+        optimizer_s=statistics.median(samples.step),
+        flops=flops,
+        params=_params(named, samples.ready),
+        layers=leaves.medians(warmup),
+        threads=threads,
+        amp=amp,
+        host=_host(clock, dev),
+        device=dev.type,
+    )
+
+
+_Stamps = tuple[object, object, object, object]
+
+
+def _step(
+    model: nn.Module,
+    batch: Batch,
+    opt: torch.optim.Optimizer,
+    clock: _Clock,
+    ctx: AbstractContextManager[object],
+) -> _Stamps:
+    """One training step; stamps before forward, backward, the optimizer step and after it."""
+    opt.zero_grad(set_to_none=True)
+    clock.sync()
+    t0 = clock.stamp()
+    with ctx:
+        loss = F.cross_entropy(model(batch[0]), batch[1])
+    t1 = clock.stamp()
+    loss.backward()
+    t2 = clock.stamp()
+    opt.step()
+    t3 = clock.stamp()
+    clock.sync()
+    return t0, t1, t2, t3
+
+
+class _GradStamps:
+    """A stamp per parameter, taken when its gradient is accumulated (kept across steps)."""
+
+    def __init__(self, named: Sequence[tuple[str, nn.Parameter]], clock: _Clock) -> None:
+        self.stamps: list[object] = [None] * len(named)
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(
+                lambda _p, i=i: self.stamps.__setitem__(i, clock.stamp())
+            )
+            for i, (_, p) in enumerate(named)
+        ]
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+class _LeafTimes:
+    """Forward seconds of every leaf module, per call (host clock; not taken unless ``timed``)."""
+
+    def __init__(self, model: nn.Module, timed: bool) -> None:
+        leaves = {n: m for n, m in model.named_modules() if not list(m.children())}
+        self._starts: dict[str, float] = {}
+        self.spent: dict[str, list[float]] = {n: [] for n in leaves}
+        self._hooks: list[RemovableHandle] = []
+        for n, m in leaves.items() if timed else ():
+            self._hooks.append(m.register_forward_pre_hook(lambda *_, n=n: self._begin(n)))
+            self._hooks.append(m.register_forward_hook(lambda *_, n=n: self._end(n)))
+
+    def _begin(self, name: str) -> None:
+        self._starts[name] = time.perf_counter()
+
+    def _end(self, name: str) -> None:
+        self.spent[name].append(time.perf_counter() - self._starts[name])
+
+    def medians(self, warmup: int) -> dict[str, float]:
+        """Median seconds of each leaf over the calls after ``warmup``."""
+        return {n: statistics.median(v[warmup:]) for n, v in self.spent.items() if len(v) > warmup}
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+class _Samples:
+    """Phase seconds and gradient-ready offsets of the timed steps."""
+
+    def __init__(self, params: int) -> None:
+        self.fwd: list[float] = []
+        self.bwd: list[float] = []
+        self.step: list[float] = []
+        self.ready: list[list[float]] = [[] for _ in range(params)]
+
+    def add(self, clock: _Clock, stamps: _Stamps, grads: Sequence[object]) -> None:
+        t0, t1, t2, t3 = stamps
+        self.fwd.append(clock.seconds(t0, t1))
+        self.bwd.append(clock.seconds(t1, t2))
+        self.step.append(clock.seconds(t2, t3))
+        for i, s in enumerate(grads):
+            self.ready[i].append(max(0.0, clock.seconds(t1, s)) if s is not None else 0.0)
+
+
+def _params(
+    named: Sequence[tuple[str, nn.Parameter]], ready: Sequence[list[float]]
+) -> tuple[Param, ...]:
+    """Each parameter's shape, dtype, layer and median gradient-ready offset."""
+    return tuple(
         Param(
             n,
             tuple(p.shape),
@@ -141,21 +219,11 @@ def measure(
         )
         for (n, p), r in zip(named, ready, strict=True)
     )
+
+
+def _host(clock: _Clock, dev: torch.device) -> str:
     where = torch.cuda.get_device_name(dev) if clock.cuda else platform.processor()
-    return Profile(
-        model=name,
-        batch=len(batch[0]),
-        forward_s=statistics.median(fwd),
-        backward_s=statistics.median(bwd),
-        optimizer_s=statistics.median(step),
-        flops=flops,
-        params=params,
-        layers={n: statistics.median(v[warmup:]) for n, v in spent.items() if len(v) > warmup},
-        threads=threads,
-        amp=amp,
-        host=f"{platform.machine()} {where or platform.system()}, torch {torch.__version__}",
-        device=dev.type,
-    )
+    return f"{platform.machine()} {where or platform.system()}, torch {torch.__version__}"
 
 
 class _Clock:
