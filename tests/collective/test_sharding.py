@@ -159,9 +159,11 @@ def _train(
             norms.append(dmodel.clip_grad_norm_(clip))
         before = params_of(model)
         dopt.step()
-        out[f"moved{step}"] = torch.tensor(
-            [any(not torch.equal(before[n], p) for n, p in params_of(model).items())]
-        )
+        if amp is not None:  # read between steps: the gathered values are written first
+            dmodel.settle_parameters()
+            out[f"moved{step}"] = torch.tensor(
+                [any(not torch.equal(before[n], p) for n, p in params_of(model).items())]
+            )
         if scheduler is not None:
             scheduler.step()
     caught.__exit__(None, None, None)
@@ -169,6 +171,7 @@ def _train(
         out["scheduler warned"] = torch.tensor(
             [sum("lr_scheduler" in str(w.message) for w in seen)]
         )
+    dmodel.settle_parameters()  # the last step's gathers are written by the next forward
     out |= params_of(model)
     if norms:
         out["__norms__"] = torch.stack(norms).float()
@@ -211,7 +214,7 @@ def _state_dicts(rank: int) -> dict[str, Any]:
         F.cross_entropy(dmodel(shard(x[i], rank, WORLD)), shard(y[i], rank, WORLD)).backward()
         dopt.step()
     saved = dopt.state_dict()
-    after = params_of(model)
+    after = {n: t.clone() for n, t in model.state_dict().items()}  # written before it reads
 
     model2 = build_model(cfg, seed=7)
     model2.load_state_dict(after)
@@ -225,7 +228,8 @@ def _state_dicts(rank: int) -> dict[str, Any]:
         dopt2.zero_grad()
         F.cross_entropy(dmodel2(shard(x[i], rank, WORLD)), shard(y[i], rank, WORLD)).backward()
         dopt2.step()
-    return {"saved": saved, "resumed": params_of(model2)}
+    resumed = {n: t.clone() for n, t in model2.state_dict().items()}
+    return {"saved": saved, "resumed": resumed}
 
 
 def _record_full_buckets() -> list[Any]:
@@ -543,8 +547,9 @@ def test_elastic_rebuild_refuses_sharding():
 
 def _gathered(rank: int, world: int, device: str) -> dict[str, torch.Tensor]:
     """Stage 1 at 4 virtual ranks of the lagging backend, whose all-gather repeats this rank's
-    slice (landing late on its own stream on a GPU): after each step every element outside
-    the slice must equal the slice's element at that offset. Largest difference."""
+    slice (landing late on its own stream on a GPU): after each step and the next forward (or
+    an explicit settle) every element outside the slice must equal the slice's element at
+    that offset. Largest difference."""
     import longboat as lb
     from tests import _lagging_harness as harness
 
@@ -557,10 +562,15 @@ def _gathered(rank: int, world: int, device: str) -> dict[str, torch.Tensor]:
         dmodel, dopt = lb.distribute(model, optimizer, strategy)
         step = dopt.stages[-1]
         x, y = harness._data(3)
-        for i in range(3):
+        for i in range(4):
             dopt.zero_grad()
-            F.cross_entropy(dmodel(x[i].to(dev)), y[i].to(dev)).backward()
+            F.cross_entropy(dmodel(x[i % 3].to(dev)), y[i % 3].to(dev)).backward()
             dopt.step()
+            if i % 2:  # written by the next forward, bucket by bucket ...
+                with torch.no_grad():
+                    dmodel(x[(i + 1) % 3].to(dev))
+            else:  # ... or all at once, for a reader outside the forward
+                dmodel.settle_parameters()
             for s in step.layout.buckets:
                 full = torch.cat([step._flat[p].detach() for p, _ in s.members])
                 mine = full[s.lo : s.hi]
@@ -587,7 +597,7 @@ def test_state_descriptions_travel_as_json_never_pickled() -> None:
     scalar's value; any other object is refused by name instead of being pickled."""
     import json
 
-    from longboat.collective.sharding.state import _entry, _scalars
+    from longboat.collective.sharding.state import _entry, scalars
 
     entries = {
         "exp_avg": _entry("exp_avg", torch.zeros(2, dtype=torch.float64)),
@@ -596,7 +606,7 @@ def test_state_descriptions_travel_as_json_never_pickled() -> None:
     }
     assert json.loads(json.dumps(entries)) == entries
     assert entries["exp_avg"] == {"dtype": "float64"}
-    rebuilt = _scalars(entries)
+    rebuilt = scalars(entries)
     assert torch.equal(rebuilt["step"], torch.tensor(3.0)) and rebuilt["count"] == 7
     with pytest.raises(TypeError, match="nothing is pickled"):
         _entry("weird", object())

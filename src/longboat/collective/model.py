@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -20,6 +20,13 @@ from longboat.comm.compress import Compressor
 
 if TYPE_CHECKING:
     from longboat.collective.autotune import AutoTuner
+
+
+class PendingWrites(Protocol):
+    """Parameter values the optimizer's step left to be written later (sharding's gathers)."""
+
+    def finish(self) -> None:
+        """Write them all now."""
 
 
 class DistributedModel(nn.Module):
@@ -64,6 +71,7 @@ class DistributedModel(nn.Module):
         self._call_module: Callable[..., Any] = module.__call__  # compile() may point it on
         self.splitter: compiling.BucketSplitter | None = None  # set by compile()
         self._compile_warned = False
+        self.pending_writes: PendingWrites | None = None  # sharding: gathers written lazily
 
     def replace_reducer(
         self,
@@ -96,6 +104,22 @@ class DistributedModel(nn.Module):
         """``torch.compile`` the module in place, cut at the reducer's buckets so that they
         launch during the compiled backward (`longboat.collective.compile.compile_model`)."""
         compiling.compile_model(self, **torch_compile_kwargs)
+
+    def runs_eagerly(self) -> bool:
+        """Whether the module's forward runs eagerly (not compiled here, nor seen compiled)."""
+        compiled = isinstance(self.module, torch._dynamo.eval_frame.OptimizedModule)
+        return self.splitter is None and not self._compile_warned and not compiled
+
+    def settle_parameters(self) -> None:
+        """Write what the last optimizer step left pending into the parameters (sharding
+        gathers them during the next forward): call it before reading parameters some other
+        way than through this model's forward, ``state_dict()`` or ``parameters()``."""
+        if self.pending_writes is not None:
+            self.pending_writes.finish()
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
+        self.settle_parameters()
+        return super().named_parameters(*args, **kwargs)
 
     @torch.compiler.disable(recursive=False)  # the module under it may be compiled
     def forward(self, *args: Any, **kwargs: Any) -> Any:

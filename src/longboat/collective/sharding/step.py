@@ -1,5 +1,6 @@
 """The sharded step: an optimizer over this rank's flat shards replaces the user's, then the
-updated parameters are all-gathered (sharding stage 1 and 2).
+updated parameters are all-gathered (sharding stage 1 and 2), overlapped with the next forward
+(`longboat.collective.sharding.gather`).
 
 The user's optimizer keeps its ``param_groups`` (LR schedulers change them as usual) and never
 steps itself: `ShardedStep` builds an optimizer of the same class and defaults over one flat
@@ -21,9 +22,9 @@ import torch
 from torch import nn
 
 from longboat.collective.model import DistributedModel
+from longboat.collective.sharding.gather import ParameterGather
 from longboat.collective.sharding.groups import ShardGroups
-from longboat.collective.sharding.layout import BucketShard, ShardLayout, flat_view
-from longboat.comm.handles import wait_for
+from longboat.collective.sharding.layout import ShardLayout, flat_view
 from longboat.optim.staged import Stage, StageKind, StepRest
 
 ELEMENTWISE: tuple[type[torch.optim.Optimizer], ...] = (
@@ -41,9 +42,6 @@ ELEMENTWISE: tuple[type[torch.optim.Optimizer], ...] = (
 )
 """Optimizers whose update of an element reads only that element's state: a flat slice of
 many parameters steps exactly as the parameters would."""
-
-GATHER_WINDOW = 2
-"""Buckets whose all-gather is in flight at once (each needs a full-bucket buffer)."""
 
 
 def check_elementwise(optimizer: torch.optim.Optimizer) -> None:
@@ -89,6 +87,8 @@ class ShardedStep(Stage):
         ]
         self.optimizer, self.group_map = self._build_optimizer()
         self._grads_of: object = None  # the reducer whose slices the shard grads view
+        self.gather = ParameterGather(self.layout.buckets, params, self._flat, groups)
+        model.pending_writes = self.gather
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -118,11 +118,16 @@ class ShardedStep(Stage):
             with torch.enable_grad():
                 loss = closure()
         with torch.no_grad():
+            self.gather.finish()
             self._load_grads()
             if self.optimizer is not None:
                 self.sync_hparams()
                 self.optimizer.step(**kwargs)
-            self._gather()
+        if self.model.runs_eagerly():
+            self.gather.watch(self.model.module)  # overlaps from the second step on
+        else:
+            self.gather.stop_overlap()
+        self.gather.after_step()
         # an LR scheduler built on the user's optimizer checks that it stepped (torch sets
         # this flag from the step it wraps, which sharding replaces)
         self.user._opt_called = True  # type: ignore[attr-defined]
@@ -151,38 +156,6 @@ class ShardedStep(Stage):
             else:
                 p.grad = _flat_grad(grad, param)[piece.start : piece.stop]
 
-    def _gather(self) -> None:
-        """All-gather the updated shards bucket by bucket (``GATHER_WINDOW`` in flight) and
-        copy them into the parameters."""
-        pending: collections.deque = collections.deque()
-        degree = self.groups.degree
-        for s in self.layout.buckets:
-            mine = torch.empty(s.shard_numel, dtype=s.dtype, device=s.device)
-            mine[s.hi - s.lo :].zero_()
-            if s.pieces:
-                torch._foreach_copy_(
-                    [mine[p.at : p.at + p.numel] for p in s.pieces],
-                    [self._flat[p.param][p.start : p.stop] for p in s.pieces],
-                )
-            full = torch.empty(s.shard_numel * degree, dtype=s.dtype, device=s.device)
-            pending.append((s, full, self.groups.all_gather(full, mine)))
-            if len(pending) >= GATHER_WINDOW:
-                self._write(*pending.popleft())
-        while pending:
-            self._write(*pending.popleft())
-
-    def _write(self, shard: BucketShard, full: torch.Tensor, handle: Any) -> None:
-        """The other ranks' slices into the parameters (this rank's are there already)."""
-        wait_for(handle)  # the copies below read the gathered buffer
-        dst, src = [], []
-        for i, off in shard.members:
-            numel = self._flat[i].numel()
-            for lo, hi in _outside(off, off + numel, shard.lo, shard.hi):
-                dst.append(self._flat[i][lo - off : hi - off])
-                src.append(full[lo:hi])
-        if dst:
-            torch._foreach_copy_(dst, src)
-
     # -- what else reads the shards --------------------------------------------------------------
 
     def state_dict(self, rest: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -210,12 +183,6 @@ class ShardedStep(Stage):
 
     def __repr__(self) -> str:
         return f"ShardedStep(stage={self.stage}, degree={self.groups.degree})"
-
-
-def _outside(start: int, stop: int, lo: int, hi: int) -> list[tuple[int, int]]:
-    """The parts of ``[start, stop)`` outside ``[lo, hi)``."""
-    parts = [(start, min(stop, lo)), (max(start, hi), stop)]
-    return [(a, b) for a, b in parts if a < b]
 
 
 def _hparams(group: dict[str, Any]) -> dict[str, Any]:

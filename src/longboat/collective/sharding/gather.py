@@ -1,0 +1,214 @@
+"""The all-gather of updated parameters after a sharded step, overlapped with the next forward.
+
+After the sharded step each rank holds the new values of its own slice of every bucket only.
+`ParameterGather` all-gathers the slices bucket by bucket (at most ``window`` buckets in flight,
+each needing a full-bucket buffer) and writes the other ranks' slices into the parameters.
+
+Once `watch` has learnt from one forward of an eager module who reads which parameter
+(`longboat.collective.sharding.readers`), ``after_step`` only launches the first gathers. A
+bucket is waited for and written just before the first module of the next forward that reads
+one of its parameters (a forward pre-hook), which launches the next one, so the gathers run
+while the forward computes. Whatever is still pending is written when the forward ends, and by
+``finish()``: the next step, the model's ``state_dict()``, ``parameters()`` and
+``named_parameters()`` call it first. Until then, and after `stop_overlap`, ``after_step``
+gathers and writes every bucket before it returns.
+
+While a parameter waits for the other ranks' slices it is hidden, as FSDP hides a sharded
+one: its ``.data`` is one NaN element expanded to its shape (shape and ``numel`` are right,
+every value read is NaN, an in-place write raises), never the stale values of the last step,
+so code that reads it some other way fails visibly instead of training on old weights.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from longboat.collective.sharding.groups import ShardGroups
+from longboat.collective.sharding.layout import BucketShard
+from longboat.collective.sharding.readers import ReadersProfile
+from longboat.comm.handles import wait_for
+
+GATHER_WINDOW = 2
+"""Buckets whose all-gather is in flight at once (each needs a full-bucket buffer)."""
+
+
+class ParameterGather:
+    """All-gather the buckets' updated slices into ``params`` (their flat views ``flat``);
+    see the module doc."""
+
+    def __init__(
+        self,
+        buckets: Sequence[BucketShard],
+        params: Sequence[torch.Tensor],
+        flat: Sequence[torch.Tensor],
+        groups: ShardGroups,
+        *,
+        window: int = GATHER_WINDOW,
+    ) -> None:
+        self.buckets, self.params, self.flat = buckets, params, flat
+        self.groups, self.window = groups, window
+        self._bucket_of = {i: s.index for s in buckets for i, _ in s.members}
+        self.order: list[int] = [s.index for s in buckets]  # forward order, once profiled
+        self._queue: collections.deque[int] = collections.deque()  # not launched yet
+        self._flight: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}  # not written
+        self._hooks: list[RemovableHandle] = []
+        self._root: nn.Module | None = None
+        self._profile: ReadersProfile | None = None
+        self._hidden: dict[int, torch.Tensor] = {}  # parameter -> its real .data, while hidden
+        self._partial = {  # parameters with elements other ranks update
+            i
+            for s in buckets
+            for i, off in s.members
+            if _outside(off, off + flat[i].numel(), s.lo, s.hi)
+        }
+        self._nan: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    @property
+    def overlapping(self) -> bool:
+        """Whether the gathers are left to the next forward (the readers are known)."""
+        return bool(self._hooks)
+
+    @property
+    def pending(self) -> bool:
+        """Whether some bucket's gathered slices are not written into the parameters yet."""
+        return bool(self._queue or self._flight)
+
+    # -- after the step -------------------------------------------------------------------------
+
+    def after_step(self) -> None:
+        """Launch this step's gathers; write them all now unless overlapping."""
+        self.finish()  # a step before the next forward: write the previous ones first
+        self._queue.extend(self.order)
+        self._top_up()
+        if not self.overlapping:
+            self.finish()
+            return
+        for b in self.order:
+            self._hide(self.buckets[b])
+
+    def finish(self) -> None:
+        """Write every pending bucket (launching those not launched yet)."""
+        while self.pending:
+            self._ready(self._queue[0] if not self._flight else next(iter(self._flight)))
+
+    def watch(self, root: nn.Module) -> None:
+        """Learn from ``root``'s next forward (an eager one) who reads what; overlap after."""
+        if self._root is None:
+            self._root = root
+            self._profile = ReadersProfile(root, self.params, self._install)
+
+    def stop_overlap(self) -> None:
+        """Gather inside the step from now on (a compiled forward would not run the hooks
+        where they belong)."""
+        self.finish()
+        if self._profile is not None:
+            self._profile.cancel()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+    # -- in the forward -------------------------------------------------------------------------
+
+    def _install(self, profile: ReadersProfile) -> None:
+        """Order the gathers by first read and hook every module that reads a parameter."""
+        self._profile = None
+        first = dict.fromkeys(
+            self._bucket_of[i] for i in profile.first_read if i in self._bucket_of
+        )
+        self.order = [*first, *(s.index for s in self.buckets if s.index not in first)]
+        index = {id(p): i for i, p in enumerate(self.params)}
+        assert self._root is not None
+        for module in self._root.modules():
+            wanted = set(profile.readers.get(module, ()))
+            wanted.update(index.get(id(p), -1) for p in module.parameters(recurse=False))
+            needs = sorted({self._bucket_of[i] for i in wanted if i in self._bucket_of})
+            if needs:
+                self._hooks.append(module.register_forward_pre_hook(self._before(needs)))
+        self._hooks.append(self._root.register_forward_hook(self._at_end, always_call=True))
+        self._hooks.append(self._root.register_state_dict_pre_hook(self._before_state_dict))
+
+    def _before(self, needs: list[int]) -> Any:
+        @torch.compiler.disable  # under a compiled caller: run here, eagerly
+        def hook(module: nn.Module, args: Any) -> None:
+            if self.pending:
+                for b in needs:
+                    self._ready(b)
+
+        return hook
+
+    @torch.compiler.disable
+    def _at_end(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.finish()
+
+    def _before_state_dict(self, module: nn.Module, prefix: str, keep_vars: bool) -> None:
+        self.finish()
+
+    # -- launching and writing ------------------------------------------------------------------
+
+    def _top_up(self) -> None:
+        while self._queue and len(self._flight) < self.window:
+            b = self._queue.popleft()
+            self._flight[b] = self._launch(self.buckets[b])
+
+    def _ready(self, b: int) -> None:
+        """Bucket ``b`` written into the parameters (launching up to it if needed)."""
+        while b in self._queue:
+            nxt = self._queue.popleft()
+            self._flight[nxt] = self._launch(self.buckets[nxt])
+        if b in self._flight:
+            full, _, handle = self._flight.pop(b)
+            self._write(self.buckets[b], full, handle)
+        self._top_up()
+
+    def _launch(self, s: BucketShard) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Start gathering bucket ``s``'s slices (this rank's copied out of the parameters):
+        ``(full buffer, this rank's slice, handle)``, the buffers kept alive until written."""
+        with torch.no_grad():
+            mine = torch.empty(s.shard_numel, dtype=s.dtype, device=s.device)
+            mine[s.hi - s.lo :].zero_()
+            if s.pieces:
+                torch._foreach_copy_(
+                    [mine[p.at : p.at + p.numel] for p in s.pieces],
+                    [self.flat[p.param][p.start : p.stop] for p in s.pieces],
+                )
+            full = torch.empty(s.shard_numel * self.groups.degree, dtype=s.dtype, device=s.device)
+        return full, mine, self.groups.all_gather(full, mine)
+
+    def _hide(self, s: BucketShard) -> None:
+        """Hide the parameters of ``s`` that other ranks' slices update (see the module doc)."""
+        for i, _ in s.members:
+            if i in self._partial and i not in self._hidden:
+                p = self.params[i]
+                key = (p.dtype, p.device)
+                if key not in self._nan:
+                    self._nan[key] = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device)
+                self._hidden[i] = p.data
+                p.data = self._nan[key].reshape([1] * p.dim()).expand(p.shape)
+
+    def _write(self, shard: BucketShard, full: torch.Tensor, handle: Any) -> None:
+        """The other ranks' slices into the parameters (this rank's are there already)."""
+        for i, _ in shard.members:
+            if i in self._hidden:
+                self.params[i].data = self._hidden.pop(i)
+        wait_for(handle)  # the copies below read the gathered buffer
+        dst, src = [], []
+        for i, off in shard.members:
+            numel = self.flat[i].numel()
+            for lo, hi in _outside(off, off + numel, shard.lo, shard.hi):
+                dst.append(self.flat[i][lo - off : hi - off])
+                src.append(full[lo:hi])
+        if dst:
+            with torch.no_grad():
+                torch._foreach_copy_(dst, src)
+
+
+def _outside(start: int, stop: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of ``[start, stop)`` outside ``[lo, hi)``."""
+    parts = [(start, min(stop, lo)), (max(start, hi), stop)]
+    return [(a, b) for a, b in parts if a < b]
