@@ -8,6 +8,17 @@ from typing import Any
 
 import torch
 
+from longboat.kvstore.args import (
+    Key,
+    KeyRules,
+    Part,
+    Value,
+    check_same_shape,
+    check_shape,
+    kind_name,
+    merge,
+    parse_row_ids,
+)
 from longboat.kvstore.compression import Compressor, parse_params
 from longboat.kvstore.errors import (
     InvalidArgumentError,
@@ -22,9 +33,6 @@ from longboat.log import get_logger
 from longboat.ps.trainer.client import PSError
 from longboat.ps.trainer.kv import KVClient
 
-Key = int | str
-Part = torch.Tensor | RowSparse
-Value = Part | Sequence[Part]
 Updater = Callable[[Key, torch.Tensor, torch.Tensor], None]
 log = get_logger("longboat.kvstore")
 _STATES = (
@@ -44,7 +52,7 @@ class KVStore:
         self._rank, self._num_workers = rank, num_workers
         self._keys: dict[str, Key] = {}
         self._shapes: dict[str, torch.Size] = {}
-        self._key_type: type | None = None
+        self._rules = KeyRules()
         self._optimizer: Optimizer | None = None
         self._updater: Updater | None = None
         self._compress: Compressor | None = None
@@ -81,7 +89,7 @@ class KVStore:
         init of key"), except an int key of a dist store: MXNet's dist store accepts that (a
         second gluon ``Trainer`` on the same store does it), and here it keeps the stored value
         (the shape must match). Nothing is sent when a key is refused."""
-        pairs = self._pairs("init", key, value)
+        pairs = self._rules.pairs("init", key, value)
         listed = [k for k, _ in pairs]
         for k in listed:
             again = str(k) in self._keys and not (self._kind.dist and isinstance(k, int))
@@ -94,7 +102,7 @@ class KVStore:
         ]  # fmt: skip
         for k, v in values:
             if str(k) in self._keys:
-                self._check_shape("init", k, v.shape, self._shapes[str(k)])
+                check_shape("init", k, v.shape, self._shapes[str(k)])
         for k, v in values:
             name = str(k)
             if name in self._keys:
@@ -111,7 +119,7 @@ class KVStore:
         device), and values of a key listed more than once, are summed first. ``priority`` is
         accepted for MXNet compatibility; pushes go out in call order."""
         grouped: dict[str, list[Part]] = {}
-        for k, parts in self._pairs("push", key, value):
+        for k, parts in self._rules.pairs("push", key, value):
             grouped.setdefault(self._known(k), []).extend(parts)
         batch: dict[str, torch.Tensor] = {}
         for name, parts in grouped.items():
@@ -137,7 +145,7 @@ class KVStore:
         without ``out``, return new CPU tensors. dist_sync: waits until every worker's pushes
         of this key up to now are applied. A ``RowSparse`` output is skipped (with a warning)
         when ``ignore_sparse`` (MXNet's default: use ``row_sparse_pull``), else gets every row."""
-        keys, outs = self._outputs("pull", key, out)
+        keys, outs = self._rules.outputs("pull", key, out)
         values = self._kv.pull_many(list(dict.fromkeys(self._known(k) for k in keys)))
         results = []
         for k, o in zip(keys, outs, strict=True):
@@ -152,7 +160,7 @@ class KVStore:
                         continue
                     self._fill_every_row(k, target, value)
                     continue
-                self._check_shape("pull", k, target.shape, value.shape)
+                check_shape("pull", k, target.shape, value.shape)
                 target.copy_(value)
             results.append(o)
         return results[0] if isinstance(key, int | str) else results
@@ -170,7 +178,7 @@ class KVStore:
         travel, from the servers holding them (one message per server for all the keys)."""
         if out is None or row_ids is None:
             raise InvalidArgumentError("row_sparse_pull needs out= and row_ids=")
-        keys, outs = self._outputs("row_sparse_pull", key, out)
+        keys, outs = self._rules.outputs("row_sparse_pull", key, out)
         single = isinstance(key, int | str)
         if not single and isinstance(row_ids, torch.Tensor):
             raise InvalidArgumentError(
@@ -219,11 +227,11 @@ class KVStore:
             if not isinstance(target, RowSparse):
                 raise InvalidArgumentError(
                     f"row_sparse_pull {key!r}: out must be a RowSparse (MXNet's row_sparse "
-                    f"storage), got {_kind_name(target)}; use pull for a dense output"
+                    f"storage), got {kind_name(target)}; use pull for a dense output"
                 )
             shape = self._shapes[name]
-            self._check_shape("row_sparse_pull", key, torch.Size(target.shape), shape)
-            unique = torch.unique(_row_ids(key, rows))
+            check_shape("row_sparse_pull", key, torch.Size(target.shape), shape)
+            unique = torch.unique(parse_row_ids(key, rows))
             check_rows(unique, shape[0], f"row_sparse_pull {key!r}")
             fills.append((key, target, unique))
         return fills
@@ -273,7 +281,7 @@ class KVStore:
         batch: dict[str, torch.Tensor] = {}
         for k, v in zip(keys, values, strict=True):
             name = self._known(k)
-            self._check_shape("init", k, v.shape, self._shapes[name])
+            check_shape("init", k, v.shape, self._shapes[name])
             batch[name] = v.detach().cpu() if self._rank == 0 else torch.zeros_like(v, device="cpu")
             if self._compress is not None:
                 self._compress.residuals.pop(name, None)  # a fresh key has no residual
@@ -353,8 +361,8 @@ class KVStore:
         if any(isinstance(p, RowSparse) for p in parts):
             self._check_sparse_push(key)
         dense = [p.to_dense() if isinstance(p, RowSparse) else p for p in parts]
-        self._check_same_shape("push", key, dense)
-        self._check_shape("push", key, dense[0].shape, self._shapes[name])
+        check_same_shape("push", key, dense)
+        check_shape("push", key, dense[0].shape, self._shapes[name])
         if self._compress is not None and not self._kind.dist:
             dense = [self._compress((name, i), p) for i, p in enumerate(dense)]
         total = self._merge("push", key, dense)
@@ -383,37 +391,6 @@ class KVStore:
                 "gradient, or use SGD without momentum and wd, or AdaGrad without wd"
             )
 
-    def _fill_every_row(self, key: Key, target: RowSparse, value: torch.Tensor) -> None:
-        self._check_shape("pull", key, torch.Size(target.shape), value.shape)
-        target.indices = torch.arange(len(value))
-        target.data = value.to(target.data.device, target.data.dtype)
-
-    @staticmethod
-    def _check_same_shape(what: str, key: Key, parts: Sequence[torch.Tensor]) -> None:
-        if any(p.shape != parts[0].shape for p in parts):
-            shapes = [tuple(p.shape) for p in parts]
-            raise InvalidArgumentError(
-                f"{what} {key!r}: per-device values differ in shape {shapes}"
-            )
-
-    def _check_shape(self, what: str, key: Key, got: torch.Size, want: torch.Size) -> None:
-        if tuple(got) != tuple(want):
-            noun = "the value has" if what in ("push", "init") else "out has"
-            raise InvalidArgumentError(
-                f"{what} {key!r}: {noun} shape {tuple(got)}, the key holds {tuple(want)}"
-            )
-
-    def _check_key(self, what: str, key: Key) -> None:
-        if not isinstance(key, int | str) or isinstance(key, bool):
-            raise TypeError(f"{what}: keys are int or str, got {type(key).__name__}")
-        if self._key_type is None:
-            self._key_type = type(key)
-        elif not isinstance(key, self._key_type):
-            raise InvalidArgumentError(
-                f"Mixed key types are not allowed: this store uses {self._key_type.__name__} "
-                f"keys, {what} got {key!r}"
-            )
-
     def _known(self, key: Key) -> str:
         if str(key) not in self._keys:
             raise KeyNotInitError(f"key {key!r} has not been inited: call kv.init first")
@@ -422,101 +399,12 @@ class KVStore:
     def _merge(self, what: str, key: Key, parts: Sequence[torch.Tensor]) -> torch.Tensor:
         """The sum of per-device values: on the CPU for local types, on the first value's
         device for device types."""
-        self._check_same_shape(what, key, parts)
-        where = parts[0].device if self._on_device else torch.device("cpu")
-        total = parts[0].to(where, copy=True)
-        for p in parts[1:]:
-            total += p.to(where)
-        return total
+        return merge(what, key, parts, self._on_device)
 
-    def _split(self, what: str, key: Key, value: Value | Sequence[Value]) -> list[Part]:
-        """A key's per-device parts: ``value`` itself or its items, each a tensor or RowSparse
-        (anything else, such as a nested list, is refused)."""
-        given = [value] if isinstance(value, torch.Tensor | RowSparse) else list(value)
-        parts = [p for p in given if isinstance(p, torch.Tensor | RowSparse)]
-        if not parts or len(parts) != len(given):
-            raise TypeError(f"{what} {key!r}: give a tensor or a non-empty list of tensors")
-        return [p.detach() for p in parts]
-
-    def _pairs(
-        self, what: str, key: Key | Sequence[Key], value: Value | Sequence[Value]
-    ) -> list[tuple[Key, list[Part]]]:
-        """(key, its per-device parts) for a key and value, or lists of both."""
-        if isinstance(key, int | str):
-            self._check_key(what, key)
-            return [(key, self._split(what, key, value))]
-        if isinstance(value, RowSparse):  # not iterable: a TypeError, as list() would raise
-            raise TypeError(
-                f"{what} of a list of keys needs a list of values, one per key; got one RowSparse"
-            )
-        keys, values = list(key), list(value)
-        self._check_same_type(keys)
-        if len(keys) != len(values):
-            raise ValueError(f"{what}: {len(keys)} keys but {len(values)} values")
-        for k in keys:
-            self._check_key(what, k)
-        return [(k, self._split(what, k, v)) for k, v in zip(keys, values, strict=True)]
-
-    def _outputs(
-        self, what: str, key: Key | Sequence[Key], out: Any
-    ) -> tuple[list[Key], list[Any]]:
-        """The keys of a pull and one output (or None) per key."""
-        if isinstance(key, int | str):
-            single, keys = True, [key]
-        else:
-            single, keys = False, list(key)
-        self._check_same_type(keys)
-        for k in keys:
-            self._check_key(what, k)
-        if single or out is None:
-            outs: list[Any] = [out] * len(keys)
-        elif isinstance(out, torch.Tensor | RowSparse):
-            raise InvalidArgumentError(
-                f"{what} of a list of keys needs a list of outputs, one per key; got one "
-                f"{_kind_name(out)}"
-            )
-        else:
-            outs = list(out)
-        if len(outs) != len(keys):
-            raise InvalidArgumentError(f"{what}: {len(keys)} keys but {len(outs)} outputs")
-        return keys, outs
-
-    @staticmethod
-    def _check_same_type(keys: Sequence[Any]) -> None:
-        if len({type(k) for k in keys}) > 1:
-            raise AssertionError("inconsistent types of keys detected.")
-
-
-def _kind_name(value: Any) -> str:
-    """What a refused output is, for error messages (``Tensor``, ``list``, ...)."""
-    return "Tensor" if isinstance(value, torch.Tensor) else type(value).__name__
-
-
-def _row_ids(key: Key, rows: Any) -> torch.Tensor:
-    """``rows`` as a flat int64 CPU tensor. Row numbers may come in any real dtype, as MXNet's
-    float32 arrays do (MXNet casts them); a value that is not a whole number is refused, named,
-    instead of being truncated."""
-    try:
-        ids = torch.as_tensor(rows).reshape(-1).cpu()
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise InvalidArgumentError(
-            f"row_sparse_pull {key!r}: row_ids must be a 1-D tensor or list of row numbers; "
-            f"got {_kind_name(rows)} ({exc})"
-        ) from None
-    dtype = str(ids.dtype).removeprefix("torch.")
-    if ids.numel() and (ids.is_complex() or ids.dtype == torch.bool):
-        raise InvalidArgumentError(
-            f"row_sparse_pull {key!r}: row_ids must be row numbers, got dtype {dtype}"
-        )
-    if ids.is_floating_point():
-        whole = ids == ids.round()
-        if not bool(whole.all()):
-            bad = float(ids[~whole][0])
-            raise InvalidArgumentError(
-                f"row_sparse_pull {key!r}: row_ids must be whole row numbers; {dtype} value "
-                f"{bad!r} is not one"
-            )
-    return ids.to(torch.int64)
+    def _fill_every_row(self, key: Key, target: RowSparse, value: torch.Tensor) -> None:
+        check_shape("pull", key, torch.Size(target.shape), value.shape)
+        target.indices = torch.arange(len(value))
+        target.data = value.to(target.data.device, target.data.dtype)
 
 
 __all__ = ["Key", "KVStore", "Updater", "Value"]
