@@ -1,27 +1,41 @@
 """The engine of the last ``distribute`` in this process (``lb.ps.current()``); closing it or
 ``lb.shutdown()`` forgets it. Its own module so that what reaches the engine through it
-(``table_admin``) needs no import of ``engine``."""
+(``table_admin``, ``lb.ps.save``) needs no import of ``engine``: it holds an `ActiveEngine`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from longboat.cluster import on_shutdown
 
 if TYPE_CHECKING:
-    from longboat.ps.trainer.engine import PSEngine
-
-_current: PSEngine | None = None  # read through current(); forgotten at lb.shutdown()
+    from longboat.ps.trainer.client import Client
 
 
-def make_current(engine: PSEngine) -> None:
+class ActiveEngine(Protocol):
+    """What is read of the current engine (a ``PSEngine``) through `current`."""
+
+    @property
+    def client(self) -> Client: ...
+
+    def shrink(self, tables: list[str] | None = None) -> dict[str, int]: ...
+
+    def save(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+_current: ActiveEngine | None = None  # read through current(); forgotten at lb.shutdown()
+
+
+def make_current(engine: ActiveEngine) -> None:
     """``engine`` becomes `current`; the next ``lb.shutdown()`` closes and forgets it."""
     global _current
     _current = engine
     on_shutdown(_forget_current)
 
 
-def release(engine: PSEngine) -> None:
+def release(engine: ActiveEngine) -> None:
     """A closed ``engine`` stops being `current`."""
     global _current
     if _current is engine:
@@ -36,7 +50,7 @@ def _forget_current() -> None:
         engine.close()
 
 
-def current() -> PSEngine:
+def current() -> ActiveEngine:
     """The engine of the last ``distribute`` in this process (the one accessor of it; closing
     the engine or ``lb.shutdown()`` forgets it)."""
     if _current is None:

@@ -443,7 +443,7 @@ def distribute(
     token: str | None = None,
     timeout: float | None = None,
     **overrides: Any,
-) -> tuple[PSModel, PSOptimizer]:
+) -> tuple[PSModel[PSEngine], PSOptimizer[PSEngine]]:
     """Connect ``model`` and ``optimizer`` to the job's servers (``lb.distribute`` calls this for
     ``mode="ps"``). Servers and trainer ids come from the launcher's environment unless given;
     ``timeout`` bounds every call (default ``LONGBOAT_PS_TIMEOUT`` or 120 s); ``overrides`` set

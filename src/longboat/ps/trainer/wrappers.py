@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -10,13 +10,27 @@ from torch import nn
 from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest
 
 if TYPE_CHECKING:
-    from longboat.ps.trainer.engine import PSEngine
+    from longboat.trace.ps import PSObserver
 
 
-class PSModel(nn.Module):
+class SteppingEngine(Protocol):
+    """What the wrappers read of their engine (a ``PSEngine``)."""
+
+    @property
+    def trace(self) -> PSObserver | None: ...
+
+    def synchronize(self) -> None: ...
+
+    def step(self) -> None: ...
+
+
+EngineT = TypeVar("EngineT", bound=SteppingEngine)
+
+
+class PSModel(nn.Module, Generic[EngineT]):
     """The model as the trainer uses it; ``.module`` is the original, ``.engine`` the engine."""
 
-    def __init__(self, module: nn.Module, engine: PSEngine) -> None:
+    def __init__(self, module: nn.Module, engine: EngineT) -> None:
         super().__init__()
         self.module = module
         self.engine = engine
@@ -38,7 +52,7 @@ class EngineStep(Stage):
 
     kind = StageKind.PARAMETER_SERVER
 
-    def __init__(self, engine: PSEngine) -> None:
+    def __init__(self, engine: SteppingEngine) -> None:
         self.engine = engine
 
     def step(self, rest: StepRest, closure: Any = None, **kwargs: Any) -> None:
@@ -49,11 +63,11 @@ class EngineStep(Stage):
         self.engine.step()
 
 
-class PSOptimizer(StagedOptimizer):
+class PSOptimizer(StagedOptimizer, Generic[EngineT]):
     """The optimizer as the trainer uses it: ``inner`` with the `EngineStep` stage, so
     ``step()`` runs the parameter-server step; ``zero_grad``, ``param_groups`` and
     ``state_dict`` are the inner's."""
 
-    def __init__(self, engine: PSEngine, inner: torch.optim.Optimizer) -> None:
+    def __init__(self, engine: EngineT, inner: torch.optim.Optimizer) -> None:
         super().__init__(inner, [EngineStep(engine)])
         self.engine = engine
