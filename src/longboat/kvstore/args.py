@@ -76,12 +76,18 @@ class KeyRules:
 
 def split(what: str, key: Key, value: Value | Sequence[Value]) -> list[Part]:
     """A key's per-device parts: ``value`` itself or its items, each a tensor or RowSparse
-    (anything else, such as a nested list, is refused)."""
+    (anything else, such as a nested list, is refused). A torch sparse tensor (the gradient of
+    ``nn.Embedding(sparse=True)``) becomes the ``RowSparse`` of its rows."""
     given = [value] if isinstance(value, torch.Tensor | RowSparse) else list(value)
     parts = [p for p in given if isinstance(p, torch.Tensor | RowSparse)]
     if not parts or len(parts) != len(given):
         raise TypeError(f"{what} {key!r}: give a tensor or a non-empty list of tensors")
-    return [p.detach() for p in parts]
+    return [
+        RowSparse.from_sparse(p.detach())
+        if isinstance(p, torch.Tensor) and p.layout != torch.strided
+        else p.detach()
+        for p in parts
+    ]
 
 
 def check_same_type(keys: Sequence[Any]) -> None:

@@ -54,6 +54,16 @@ class RowSparse:
         rows = value.reshape(len(value), -1).ne(0).any(dim=1).nonzero().reshape(-1)
         return cls(value[rows].clone(), rows.cpu(), tuple(value.shape))
 
+    @classmethod
+    def from_sparse(cls, value: torch.Tensor) -> RowSparse:
+        """The rows of a torch sparse tensor: a COO tensor with one sparse dimension (what
+        ``nn.Embedding(sparse=True)`` gives its weight as gradient) keeps its rows, repeats
+        summed; other sparse layouts keep the rows that hold a non-zero."""
+        if value.layout == torch.sparse_coo and value.sparse_dim() == 1:
+            rows = value.coalesce()
+            return cls(rows.values(), rows.indices()[0].cpu(), tuple(value.shape))
+        return cls.from_dense(value.to_dense())
+
     @property
     def dtype(self) -> torch.dtype:
         return self.data.dtype

@@ -51,7 +51,9 @@ class Trainer:
 
     ``optimizer``: a torch SGD/Adam/Adagrad over ``params``, or a ``kvstore.optimizer`` one
     (MXNet's names; its ``rescale_grad`` is gluon's ``scale``). ``compression_params``:
-    ``KVStore.set_gradient_compression``'s argument."""
+    ``KVStore.set_gradient_compression``'s argument. Sparse gradients (``nn.Embedding(
+    sparse=True)``) are pushed as their rows (gluon's row_sparse gradients); with
+    ``update_on_kvstore=False`` a dist store refuses them, as gluon does."""
 
     def __init__(
         self,
@@ -112,11 +114,25 @@ class Trainer:
         workers (unscaled); ``update`` then applies it."""
         self._refuse_on_kvstore("allreduce_grads")
         self._check_fresh(False)
+        sparse = [i for i, p in enumerate(self.params) if _is_sparse(p.grad)]
+        if sparse and self.kv._kind.dist:
+            raise ValueError(
+                "Cannot set update_on_kvstore=False on dist kvstore when sparse gradients are "
+                f"present. (parameter(s) {sparse}: the workers' sum comes back dense, without "
+                "the rows each worker touched; use update_on_kvstore=True, where the servers "
+                "apply the summed rows)"
+            )
         keys = self._keys()
         self.kv.push(keys, self._grads())
         with torch.no_grad():
             for p, summed in zip(self.params, self.kv.pull(keys), strict=True):
-                p.grad = summed.to(p.device, p.dtype)
+                summed = summed.to(p.device, p.dtype)
+                # one worker: the sum has the gradient's rows, kept sparse for its optimizer
+                p.grad = (
+                    summed.sparse_mask(p.grad.to_sparse().coalesce())
+                    if _is_sparse(p.grad)
+                    else summed
+                )
 
     def update(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         """``update_on_kvstore=False``: scale the (all-reduced) gradients by
@@ -165,3 +181,8 @@ class Trainer:
                 f"{what}() when parameters are updated on kvstore is not supported. Try "
                 "setting `update_on_kvstore` to False when creating trainer."
             )
+
+
+def _is_sparse(grad: torch.Tensor | None) -> bool:
+    """Whether ``grad`` is a torch sparse gradient (``nn.Embedding(sparse=True)``'s)."""
+    return grad is not None and grad.layout != torch.strided
