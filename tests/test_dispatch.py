@@ -42,3 +42,24 @@ def test_every_door_refuses_a_foreign_or_reused_optimizer() -> None:
         strategy = lb.Strategy(mode="ps") if door is lb.ps.distribute else lb.Strategy()
         with pytest.raises(ForeignParameterError, match="not in the model"):
             door(model, foreign, strategy)
+
+
+def test_kvstore_trainer_refuses_what_lb_distribute_refuses() -> None:
+    """The KVStore facade's gluon Trainer (its own key-value path, no engine) runs the same
+    entry checks: a foreign-parameter optimizer, or one another wrapper already distributes."""
+    import longboat.kvstore as kvstore
+    from longboat.optim.staged import claim
+
+    model, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    foreign = torch.optim.SGD([*model.parameters(), *other.parameters()], lr=0.1)
+    with pytest.raises(ForeignParameterError) as caught:
+        kvstore.Trainer(model.parameters(), foreign, kvstore.create("local"))
+    assert "2 parameter(s) that are not in the parameters passed to kvstore.Trainer" in str(
+        caught.value
+    )
+    wrapped = torch.optim.SGD(model.parameters(), lr=0.1)
+    claim(wrapped, "hvd.DistributedOptimizer")
+    with pytest.raises(ValueError, match="already passed to hvd.DistributedOptimizer: its grad"):
+        kvstore.Trainer(model.parameters(), wrapped, kvstore.create("local"))
+    ok = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert kvstore.Trainer(model.parameters(), ok, kvstore.create("local")).update_on_kvstore

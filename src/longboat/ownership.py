@@ -15,23 +15,37 @@ class ForeignParameterError(ValueError):
     """The optimizer holds parameters that are not in the model given to ``lb.distribute``."""
 
 
-def admit(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+def admit(
+    model: nn.Module | Iterable[torch.Tensor],
+    optimizer: torch.optim.Optimizer | None,
+    door: str = "lb.distribute",
+) -> None:
     """What every engine checks before it touches a model and optimizer, whichever door they
-    came through (``lb.distribute``, ``lb.ps.distribute``, the Fleet facade): an optimizer
-    that a distribute call already returned is refused, and so is one holding parameters
-    outside ``model``. Before any hook or connection is made."""
+    came through (``lb.distribute``, ``lb.ps.distribute``, the Fleet facade, and with the
+    parameters it is given, ``kvstore.Trainer``): an optimizer that a distribute call already
+    returned is refused, and so is one holding parameters outside ``model``. Before any hook
+    or connection is made. ``door`` names the call in the messages."""
     if optimizer is not None and is_distributed(optimizer):
-        raise ValueError(f"{already_distributed(optimizer)}: use the optimizer it returned")
-    check_optimizer_owns_model_params(model, optimizer)
+        advice = (
+            "use the optimizer it returned"
+            if door == "lb.distribute"
+            else f"its gradients are already averaged there; give {door} an optimizer that "
+            "no other wrapper distributes"
+        )
+        raise ValueError(f"{already_distributed(optimizer)}: {advice}")
+    check_optimizer_owns_model_params(model, optimizer, door)
 
 
 def check_optimizer_owns_model_params(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None
+    model: nn.Module | Iterable[torch.Tensor],
+    optimizer: torch.optim.Optimizer | None,
+    door: str = "lb.distribute",
 ) -> None:
     """Raise `ForeignParameterError` naming the foreign parameters and the fix."""
     if optimizer is None:
         return
-    owned = {id(p) for p in model.parameters()}
+    module = isinstance(model, nn.Module)
+    owned = {id(p) for p in (model.parameters() if isinstance(model, nn.Module) else model)}
     foreign = [
         (g, i, p)
         for g, group in enumerate(optimizer.param_groups)
@@ -49,12 +63,23 @@ def check_optimizer_owns_model_params(
         f"param_groups[{g}]['params'][{i}] (shape {tuple(p.shape)})" for g, i, p in foreign[:3]
     )
     more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    given, fix = (
+        (
+            f"model passed to {door}",
+            "Build the optimizer from that model's parameters (optimizer = "
+            "SGD(model.parameters(), ...)), or put the module owning them into the model you "
+            "distribute (e.g. nn.ModuleDict({'net': net, 'head': head}))",
+        )
+        if module
+        else (
+            f"parameters passed to {door}",
+            f"Build the optimizer from the parameters you pass to {door}, or pass it those "
+            "parameters too",
+        )
+    )
     raise ForeignParameterError(
         f"{type(optimizer).__name__} holds {len(foreign)} parameter(s) that are not in the "
-        f"model passed to lb.distribute: {shown}{more}. Their gradients would never be "
-        "averaged across ranks. Build the optimizer from that model's parameters "
-        "(optimizer = SGD(model.parameters(), ...)), or put the module owning them into the "
-        "model you distribute (e.g. nn.ModuleDict({'net': net, 'head': head}))"
+        f"{given}: {shown}{more}. Their gradients would never be averaged across ranks. {fix}"
     )
 
 

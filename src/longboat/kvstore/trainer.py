@@ -21,6 +21,7 @@ import torch
 
 from longboat.kvstore import KVStore, create
 from longboat.kvstore.optimizer import Optimizer, as_optimizer
+from longboat.ownership import admit
 
 _TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad}
 
@@ -64,7 +65,10 @@ class Trainer:
         *,
         compression_params: Mapping[str, Any] | None = None,
     ) -> None:
-        self.params = [p for p in params if p.requires_grad]
+        given = list(params)
+        if isinstance(optimizer, torch.optim.Optimizer):  # lb.distribute's checks, once
+            admit(given, optimizer, "kvstore.Trainer")
+        self.params = [p for p in given if p.requires_grad]
         if not self.params:
             raise ValueError("kvstore.Trainer got no parameters that require gradients")
         self._scale = optimizer.rescale_grad if isinstance(optimizer, Optimizer) else 1.0
