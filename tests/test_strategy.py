@@ -482,8 +482,6 @@ CONFLICT_CASES = [
     ({"sharding_configs": {"stage": 3}}, "sharding", True, "sharding_configs"),
     ({"sharding_configs": {"optimize_offload": True}}, "sharding", True, "sharding_configs"),
     ({"mode": "ps"}, "sharding", True, "mode"),
-    ({"lars": True}, "sharding", True, "lars"),
-    ({"lamb": True}, "sharding", True, "lamb"),
     ({"find_unused_parameters": True}, "sharding", True, "find_unused_parameters"),
     ({"auto": True}, "sharding", True, "auto"),
     ({"localsgd": True}, "sharding", True, "localsgd"),

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from longboat.optim.layerwise import LayerwiseOptimizer, Params, norm_dtype
+from longboat.optim.layerwise import LayerwiseOptimizer, Params
 
 __all__ = ["LAMB"]
 
@@ -61,7 +61,10 @@ class LAMB(LayerwiseOptimizer):
         }
         super().__init__(params, defaults)
 
-    def _update(self, p: torch.Tensor, g: torch.Tensor, group: dict[str, Any], wd: float) -> None:
+    def _norm_inputs(
+        self, p: torch.Tensor, g: torch.Tensor, group: dict[str, Any], wd: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advance the moments; the weight and the update ``u`` set the trust ratio."""
         beta1, beta2 = group["betas"]
         state = self.state[p]
         if not state:
@@ -76,8 +79,18 @@ class LAMB(LayerwiseOptimizer):
         update = (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt() + group["eps"])
         if wd > 0:
             update.add_(p, alpha=wd)
-        dt = norm_dtype(p)
-        w_norm = torch.linalg.vector_norm(p, dtype=dt)
-        u_norm = torch.linalg.vector_norm(update, dtype=dt)
+        return p, update
+
+    def _apply(
+        self,
+        p: torch.Tensor,
+        g: torch.Tensor,
+        group: dict[str, Any],
+        wd: float,
+        inputs: tuple[torch.Tensor, torch.Tensor],
+        norm_a: torch.Tensor,
+        norm_b: torch.Tensor,
+    ) -> None:
+        w_norm, u_norm = norm_a, norm_b
         ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-        p.sub_(update * (group["lr"] * ratio))
+        p.sub_(inputs[1] * (group["lr"] * ratio))

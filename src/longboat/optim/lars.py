@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from longboat.optim.layerwise import LayerwiseOptimizer, Params, norm_dtype
+from longboat.optim.layerwise import LayerwiseOptimizer, Params
 
 __all__ = ["LARS"]
 
@@ -68,13 +68,26 @@ class LARS(LayerwiseOptimizer):
         }
         super().__init__(params, defaults)
 
-    def _update(self, p: torch.Tensor, g: torch.Tensor, group: dict[str, Any], wd: float) -> None:
+    def _norm_inputs(
+        self, p: torch.Tensor, g: torch.Tensor, group: dict[str, Any], wd: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight and the gradient set the local learning rate."""
+        return p, g
+
+    def _apply(
+        self,
+        p: torch.Tensor,
+        g: torch.Tensor,
+        group: dict[str, Any],
+        wd: float,
+        inputs: tuple[torch.Tensor, torch.Tensor],
+        norm_a: torch.Tensor,
+        norm_b: torch.Tensor,
+    ) -> None:
         lr = group["lr"]
         local_lr: float | torch.Tensor = lr
         if wd > 0:
-            dt = norm_dtype(p)
-            w_norm = torch.linalg.vector_norm(p, dtype=dt)
-            g_norm = torch.linalg.vector_norm(g, dtype=dt)
+            w_norm, g_norm = norm_a, norm_b
             trust = lr * group["lars_coeff"] * w_norm / (g_norm + wd * w_norm + group["epsilon"])
             local_lr = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.full_like(trust, lr))
         buf = self.state[p].get("momentum_buffer")

@@ -66,18 +66,6 @@ _SHARDING_CONFLICTS: tuple[Conflict, ...] = (
     ),
     both_on(
         "sharding",
-        "lars",
-        "LARS scales each layer by its own norm, which a shard of the layer cannot compute; "
-        "drop one (sharding works with elementwise optimizers: SGD, Adam, AdamW, ...)",
-    ),
-    both_on(
-        "sharding",
-        "lamb",
-        "LAMB scales each layer by its own norm, which a shard of the layer cannot compute; "
-        "drop one, or use AdamW with sharding",
-    ),
-    both_on(
-        "sharding",
         "find_unused_parameters",
         "a parameter no rank used is skipped by a plain optimizer, but it is part of a flat "
         "shard under sharding and would still move (momentum, weight decay); make every "

@@ -25,6 +25,8 @@ from longboat.collective.model import DistributedModel
 from longboat.collective.sharding.gather import ParameterGather
 from longboat.collective.sharding.groups import ShardGroups
 from longboat.collective.sharding.layout import ShardLayout, flat_view
+from longboat.collective.sharding.norms import ShardNormSum
+from longboat.optim.layerwise import LayerwiseOptimizer
 from longboat.optim.staged import Stage, StageKind, StepRest
 
 ELEMENTWISE: tuple[type[torch.optim.Optimizer], ...] = (
@@ -41,18 +43,20 @@ ELEMENTWISE: tuple[type[torch.optim.Optimizer], ...] = (
     torch.optim.Rprop,
 )
 """Optimizers whose update of an element reads only that element's state: a flat slice of
-many parameters steps exactly as the parameters would."""
+many parameters steps exactly as the parameters would. Layer-wise ones (LARS, LAMB) also
+work: the norms of their slices are summed per parameter (`longboat.collective.sharding.norms`)."""
 
 
 def check_elementwise(optimizer: torch.optim.Optimizer) -> None:
-    """ValueError unless ``optimizer`` updates every element on its own (exact class)."""
-    if type(optimizer) not in ELEMENTWISE:
+    """ValueError unless ``optimizer`` updates every element on its own (exact class) or is
+    one of longboat's layer-wise optimizers."""
+    if type(optimizer) not in ELEMENTWISE and not isinstance(optimizer, LayerwiseOptimizer):
         names = ", ".join(c.__name__ for c in ELEMENTWISE)
         raise ValueError(
             f"Strategy.sharding=True: {type(optimizer).__name__} is not known to update every "
-            "element on its own (per-layer norms such as LAMB's and LARS's, matrix factors, a "
-            f"global line search); sharding supports {names}: use one of them, or set "
-            "sharding=False"
+            "element on its own (matrix factors, a global line search, per-layer norms of its "
+            f"own); sharding supports {names}, and longboat's LARS and LAMB: use one of "
+            "them, or set sharding=False"
         )
 
 
@@ -86,6 +90,20 @@ class ShardedStep(Stage):
             for _, piece in self.pieces
         ]
         self.optimizer, self.group_map = self._build_optimizer()
+        self.norm_sum: ShardNormSum | None = None  # layer-wise optimizers: whole-layer norms
+        if isinstance(optimizer, LayerwiseOptimizer):
+            self.norm_sum = ShardNormSum(
+                {
+                    id(p): piece.param
+                    for (_, piece), p in zip(self.pieces, self.shard_params, strict=True)
+                },
+                len(params),
+                ShardNormSum.wide_enough(params),
+                params[0].device,
+                groups.shard,
+            )
+            if isinstance(self.optimizer, LayerwiseOptimizer):
+                self.optimizer.norm_sum = self.norm_sum
         self._grads_of: object = None  # the reducer whose slices the shard grads view
         self.gather = ParameterGather(self.layout.buckets, params, self._flat, groups)
         model.pending_writes = self.gather
@@ -102,13 +120,31 @@ class ShardedStep(Stage):
         order = sorted(by_group)
         if not order:
             return None, []
-        groups = [{**_hparams(self.user.param_groups[g]), "params": by_group[g]} for g in order]
+        groups = [
+            {**_hparams(self.user.param_groups[g]), "params": by_group[g], **self._names(g)}
+            for g in order
+        ]
         cls = type(self.user)
         accepted = inspect.signature(cls.__init__).parameters
         defaults = {k: v for k, v in self.user.defaults.items() if k in accepted}
         inner = cls(groups, **defaults)
         inner.defaults = dict(self.user.defaults)
         return inner, [(g, i) for i, g in enumerate(order)]
+
+    def _names(self, user_group: int) -> dict[str, list[str]]:
+        """``param_names`` of the shard parameters of a user group that names its parameters
+        (LARS/LAMB exclude names from weight decay): each piece takes its parameter's name."""
+        group = self.user.param_groups[user_group]
+        if group.get("param_names") is None:
+            return {}
+        name_of = {id(p): n for p, n in zip(group["params"], group["param_names"], strict=True)}
+        return {
+            "param_names": [
+                name_of[id(self.params[piece.param])]
+                for _, piece in self.pieces
+                if piece.group == user_group
+            ]
+        }
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -123,6 +159,8 @@ class ShardedStep(Stage):
             if self.optimizer is not None:
                 self.sync_hparams()
                 self.optimizer.step(**kwargs)
+            elif self.norm_sum is not None:  # no slice here: still join the norms' allreduce
+                self.norm_sum([], torch.zeros(0, 2))
         if self.model.runs_eagerly():
             self.gather.watch(self.model.module)  # overlaps from the second step on
         else:
@@ -186,7 +224,8 @@ class ShardedStep(Stage):
 
 
 def _hparams(group: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in group.items() if k != "params"}
+    """A group's hyper-parameters (its parameters and their names are the shard group's own)."""
+    return {k: v for k, v in group.items() if k not in ("params", "param_names")}
 
 
 def _flat_grad(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
