@@ -1,99 +1,71 @@
-"""shm: allreduce among the ranks of one node through shared memory (/dev/shm).
+"""shm: allreduce, reduce-scatter and all-gather among the ranks of one node through shared
+memory (/dev/shm).
 
 The CPU counterpart of GPU peer-to-peer inside a node: no loopback TCP, just copies and
 additions on memory every rank maps, synchronised by sequence numbers in each rank's segment
-(layout in `longboat.comm.shm_segment`). Op ``k`` on rank ``r`` of ``n``:
+(`longboat.comm.shm_group`; layout in `longboat.comm.shm_segment`). Each op ``k`` on rank
+``r`` of ``n`` is built from two halves:
 
-1. copy the tensor into input area ``k % 2`` of r's segment (double buffer), ``written = k``;
-2. wait until every rank's ``written >= k``;
-3. small tensors: sum all inputs in rank order into the tensor -- done (one barrier).
-   Large tensors (reduce-scatter + allgather, per piece of at most ``piece_bytes``):
-   sum chunk ``r`` of every input in rank order into r's result area, ``reduced = k``;
-   wait until every ``reduced >= k``; copy every rank's chunk from its result area.
+- scatter: copy every rank's chunk but r's own into input area ``k % 2`` of r's segment (double
+  buffer), ``written = k``; wait until every rank's ``written >= k``; sum chunk ``r`` of every
+  input in rank order (r's own straight from its tensor);
+- collect: copy every peer's chunk from the start of one of its data areas.
+
+A reduce-scatter is a scatter into the output (one barrier); an all-gather writes r's chunk to
+its input area, ``written = k``, waits, and collects from the input areas (one barrier). An
+allreduce of a small tensor sums every input whole (one barrier); a large one, per piece of at
+most ``piece_bytes``, scatters into r's result area, ``reduced = k``, waits until every
+``reduced >= k``, and collects from the result areas (two barriers). A reduce-scatter or
+all-gather goes in pieces too: each takes the same columns of every rank's slice.
 
 No "done" barrier is needed: input area ``k % 2`` is rewritten at op ``k + 2``, after the
 ``written >= k + 1`` barrier, which no peer passes before finishing op ``k``; the result area is
 rewritten only after the next ``written`` barrier, likewise. Every chunk is summed once, in
 rank order, so results are deterministic and bitwise identical on every rank.
-
-Waits spin (``os.sched_yield``) for 2 ms, then back off to short sleeps, check every peer's owner
-process about four times a second (a dead peer raises within a second and removes all the
-group's segments) and give up after LONGBOAT_TIMEOUT seconds (default 300). A rank that raises
-writes its rank into every segment's abort slot, so the others stop at once too.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import multiprocessing.util
-import os
-import secrets
-import threading
-import time
-import weakref
+import itertools
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 
 import torch
 import torch.distributed as dist
 
-from longboat.cluster import job_timeout
 from longboat.comm.algorithms import AllreduceFn, Done, Network, Parts, register
 from longboat.comm.background import BackgroundAllreduce
-from longboat.comm.exchange import control_device
-from longboat.comm.shm_segment import (
-    NAME_PREFIX,
-    PAGE,
-    SLOT_ABORT,
-    SLOT_ABORT_DEAD,
-    SLOT_REDUCED,
-    SLOT_WRITTEN,
-    Segment,
+from longboat.comm.handles import FutureHandle
+from longboat.comm.shm_group import (
+    PIECE_BYTES,
+    SMALL_BYTES,
+    SUPPORTED,
+    PeerDiedError,
+    PeerFailedError,
+    ShmGroup,
+    capacity_for,
+    check_one_node,
     cleanup_stale_segments,
-    pid_alive,
-    remove_group,
-    shm_dir,
 )
+from longboat.comm.shm_segment import SLOT_REDUCED, SLOT_WRITTEN
 
-__all__ = ["ShmAllreduce", "ShmComm", "cleanup_stale_segments", "make_shm"]
+__all__ = [
+    "PIECE_BYTES",
+    "SMALL_BYTES",
+    "SUPPORTED",
+    "PeerDiedError",
+    "PeerFailedError",
+    "ShmAllreduce",
+    "ShmComm",
+    "capacity_for",
+    "check_one_node",
+    "chunk_bounds",
+    "cleanup_stale_segments",
+    "make_shm",
+]
 
-SUPPORTED = (
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int32,
-    torch.int64,
-    torch.int8,
-    torch.uint8,
-)
-PIECE_BYTES = 4 << 20  # large tensors go through in pieces of this size (measured: 2-4 MB best)
-SMALL_BYTES = 64 << 10  # up to this size every rank sums everything (one barrier per op)
-MIN_CAPACITY = 64 << 10
-SPIN_S = 2e-3  # poll with sched_yield this long before backing off to sleeps
-MIN_SLEEP_S, MAX_SLEEP_S = 20e-6, 500e-6
-LIVENESS_EVERY_S = 0.25
-_HINT = (
-    "; do all ranks call allreduce with the same sizes in the same order? "
-    "(raise LONGBOAT_TIMEOUT if a rank is just slow)"
-)
-_BEHIND_HINT = (
-    ": {who} not reached this allreduce: stuck, slow, or calling fewer allreduces than this "
-    "rank; its log shows where it is (raise LONGBOAT_TIMEOUT if it is just slow)"
-)
-_NAME_BYTES = 24  # broadcast: name (NUL-padded) + 8 bytes of token
-
-
-class PeerDiedError(RuntimeError):
-    """A rank of the group exited while others waited for it; ``rank`` is its group rank."""
-
-    def __init__(self, message: str, rank: int):
-        super().__init__(message)
-        self.rank = rank
-
-
-class PeerFailedError(RuntimeError):
-    """Another rank of the group raised inside the shm allreduce (and flagged it)."""
+Op = Callable[[torch.Tensor, torch.Tensor], None]
+"""One piece of a reduce-scatter or all-gather: ``(rows, part)``."""
 
 
 @lru_cache(maxsize=256)
@@ -109,124 +81,65 @@ def chunk_bounds(numel: int, parts: int, align: int) -> tuple[tuple[int, int], .
     return tuple(bounds)
 
 
-def capacity_for(nbytes: int, piece_bytes: int) -> int:
-    """Data-area size for ``nbytes``: the next power of two, at least 64 KiB, whole pages."""
-    want = max(MIN_CAPACITY, 1 << max(0, nbytes - 1).bit_length())
-    return -(-min(want, max(piece_bytes, nbytes)) // PAGE) * PAGE
+class ShmComm(ShmGroup):
+    """Blocking SUM allreduce, reduce-scatter and all-gather over ``group``, whose ranks must
+    share this node (collective constructor: `ShmGroup`)."""
 
-
-class ShmComm:
-    """Blocking in-place SUM allreduce over ``group``, whose ranks must share this node.
-
-    Collective constructor: every rank of ``group`` builds it in the same order. ``prefix``
-    (tests only) fixes the segment name prefix instead of a random one.
-    """
-
-    def __init__(
-        self,
-        group: dist.ProcessGroup | None = None,
-        *,
-        timeout: float | None = None,
-        piece_bytes: int = PIECE_BYTES,
-        small_bytes: int = SMALL_BYTES,
-        prefix: str | None = None,
-    ):
-        self.group = group if group is not None else dist.group.WORLD
-        self.ranks = dist.get_process_group_ranks(self.group)
-        self.rank, self.size = dist.get_rank(self.group), len(self.ranks)
-        self.timeout = job_timeout().total_seconds() if timeout is None else float(timeout)
-        self.piece_bytes, self.small_bytes = max(PAGE, piece_bytes), small_bytes
-        self._device = control_device(self.group)
-        if not shm_dir().is_dir():
-            raise RuntimeError(
-                f"shm allreduce needs a shared-memory directory: {shm_dir()} does not exist "
-                "(set LONGBOAT_SHM_DIR to a tmpfs, or use the 'native' algorithm)"
-            )
-        self._seq = self._gen = 0
-        self._error: str | None = None
-        self._closed = False
-        check_one_node(self.group, self.ranks, self._device)
-        self.prefix, self._token = self._agree_on_name(prefix)
-        self._capacity = capacity_for(0, self.piece_bytes)
-        self._segs: list[Segment | None] = [None] * self.size
-        problem = None
-        try:
-            self._segs[self.rank] = Segment.create(
-                self.prefix, self.rank, 0, self._token, self._capacity, 0
-            )
-        except OSError as exc:  # reported collectively below, so no rank is left waiting
-            problem = exc
-        _track(self)
-        self._check_peers_visible(problem)
-
-    # ---- setup -------------------------------------------------------------------------
-    def _agree_on_name(self, prefix: str | None) -> tuple[str, int]:
-        """Rank 0 draws the segment prefix and token; everyone receives them (no pickle)."""
-        if prefix is not None and (len(prefix.encode()) > _NAME_BYTES or "/" in prefix):
-            raise ValueError(f"shm segment prefix {prefix!r}: at most {_NAME_BYTES} bytes, no /")
-        buf = torch.zeros(_NAME_BYTES + 8, dtype=torch.uint8)
-        if self.rank == 0:
-            with contextlib.suppress(OSError):
-                cleanup_stale_segments()  # leftovers of crashed runs on this node
-            name = (prefix or f"{NAME_PREFIX}{secrets.token_hex(6)}").encode()
-            token = secrets.randbits(63) or 1
-            raw = name.ljust(_NAME_BYTES, b"\0") + token.to_bytes(8, "little")
-            buf.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-        moved = buf.to(self._device)
-        dist.broadcast(moved, src=self.ranks[0], group=self.group)
-        raw = bytes(moved.cpu().tolist())
-        return raw[:_NAME_BYTES].rstrip(b"\0").decode(), int.from_bytes(raw[_NAME_BYTES:], "little")
-
-    def _check_peers_visible(self, problem: OSError | None) -> None:
-        """Every rank must map every peer's segment and see its process, else all raise."""
-        dist.barrier(group=self.group)
-        seen = torch.zeros(self.size, dtype=torch.int32)
-        seen[self.rank] = int(problem is None and all(self._attach_once(p) for p in self._peers()))
-        moved = seen.to(self._device)
-        dist.all_reduce(moved, group=self.group)
-        blind = [r for r, ok in enumerate(moved.cpu().tolist()) if not ok]
-        if blind:
-            self.close()
-            mine = f" (here: {problem})" if problem is not None else ""
-            raise RuntimeError(
-                f"shm allreduce: group ranks {blind} could not create their segment or map "
-                f"their peers' segments in {shm_dir()}{mine}, or cannot see the peers' "
-                "processes: the ranks are not on one node, /dev/shm is full, or /dev/shm or "
-                "the pid namespace is not shared; use 'native' instead"
-            ) from problem
-
-    def _attach_once(self, peer: int) -> bool:
-        seg = Segment.attach(self.prefix, peer, self._gen, self._token, self._capacity)
-        self._segs[peer] = seg
-        return seg is not None and pid_alive(seg.pid, seg.start_time)
-
-    def _peers(self) -> list[int]:
-        return [r for r in range(self.size) if r != self.rank]
-
-    # ---- the collective --------------------------------------------------------------------
+    # ---- the collectives -------------------------------------------------------------------
     def allreduce(self, tensor: torch.Tensor) -> None:
         """Sum ``tensor`` over the group, in place; blocks until done."""
-        if self._error is not None:
-            raise RuntimeError(
-                f"shm allreduce {self.prefix} is unusable after an error: {self._error}"
-            )
-        if self._closed:
-            raise RuntimeError(f"shm allreduce {self.prefix} is closed")
-        if tensor.dtype not in SUPPORTED:
-            names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED)
-            raise TypeError(f"shm allreduce does not support {tensor.dtype}; supported: {names}")
+        self._checked(tensor.dtype)
         if self.size == 1 or tensor.numel() == 0:
             return
         staged = tensor.device.type != "cpu" or not tensor.is_contiguous()
         work = tensor.detach().to("cpu").contiguous() if staged else tensor.detach()
-        try:
-            self._allreduce_flat(work.view(-1))
-        except BaseException as exc:
-            self._fail(exc)
-            raise
+        self._guarded(self._allreduce_flat, work.view(-1))
         if staged:
             tensor.copy_(work)
 
+    def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor) -> None:
+        """Sum ``full`` over the group and keep this rank's slice in ``out``: ``full`` holds
+        ``size`` equal slices of ``out.numel()`` elements, slice ``rank`` is this rank's (as
+        torch's ``reduce_scatter_tensor``); ``out`` must not overlap another rank's slice."""
+        rows = self._rows(full, out)
+        if self.size == 1:
+            out.view(-1).copy_(rows[0])
+            return
+        self._guarded(self._pieces, self._op_reduce_scatter, rows, out.detach().view(-1))
+
+    def all_gather(self, full: torch.Tensor, mine: torch.Tensor) -> None:
+        """Every rank's ``mine`` into its slice of ``full`` (slices in rank order, as torch's
+        ``all_gather_into_tensor``); ``mine`` may be this rank's slice of ``full``."""
+        rows = self._rows(full, mine)
+        if self.size == 1:
+            rows[0].copy_(mine.view(-1))
+            return
+        self._guarded(self._pieces, self._op_all_gather, rows, mine.detach().view(-1))
+
+    def _rows(self, full: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+        """``full`` as ``(size, part.numel())``: one row per rank's slice."""
+        self._checked(full.dtype)
+        tensors = (full, part)
+        if part.dtype != full.dtype or full.numel() != self.size * part.numel():
+            raise ValueError(
+                f"shm: {full.numel()} {full.dtype} elements are not {self.size} slices of "
+                f"{part.numel()} {part.dtype} ones"
+            )
+        if any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
+            raise ValueError("shm reduce-scatter and all-gather take contiguous CPU tensors")
+        return full.detach().view(self.size, -1)
+
+    def _pieces(self, op: Op, rows: torch.Tensor, part: torch.Tensor) -> None:
+        """``op(rows[:, cols], part[cols])`` for the columns of each piece, in order."""
+        for cols in self._columns(part.numel(), part.element_size()):
+            op(rows[:, cols], part[cols])
+
+    def _columns(self, numel: int, itemsize: int) -> Iterator[slice]:
+        """The columns of each piece: every rank's slice of at most ``piece_bytes`` together."""
+        step = max(1, self.piece_bytes // (itemsize * self.size))
+        return (slice(c, min(c + step, numel)) for c in range(0, numel, step))
+
+    # ---- the ops -----------------------------------------------------------------------------
     def _allreduce_flat(self, flat: torch.Tensor) -> None:
         nbytes = flat.numel() * flat.element_size()
         if nbytes <= self.small_bytes:
@@ -236,17 +149,9 @@ class ShmComm:
         for start in range(0, flat.numel(), step):
             self._op_scatter_gather(flat[start : start + step])
 
-    def _begin(self, x: torch.Tensor) -> tuple[int, int]:
-        """Next sequence number, with segments big enough for ``x``; returns (seq, input area)."""
-        self._seq += 1
-        nbytes = x.numel() * x.element_size()
-        if nbytes > self._capacity:
-            self._grow(capacity_for(nbytes, self.piece_bytes))
-        return self._seq, self._seq % 2
-
     def _op_direct(self, x: torch.Tensor) -> None:
         """Every rank sums every input: one barrier."""
-        k, area = self._begin(x)
+        k, area = self._begin(x.numel() * x.element_size())
         self._segs[self.rank].area(area, x.dtype, x.numel()).copy_(x)
         self._publish(SLOT_WRITTEN, k)
         self._wait_all(SLOT_WRITTEN, k, "written")
@@ -254,161 +159,67 @@ class ShmComm:
         _sum_into(x, [self._segs[r].area(area, x.dtype, x.numel()) for r in range(self.size)])
 
     def _op_scatter_gather(self, x: torch.Tensor) -> None:
-        """Reduce-scatter then allgather: two barriers."""
-        k, area = self._begin(x)
-        n, me = x.numel(), self.rank
-        bounds = chunk_bounds(n, self.size, max(1, 64 // x.element_size()))
-        lo, hi = bounds[me]
-        mine = self._segs[me].area(area, x.dtype, n)
-        mine[:lo].copy_(x[:lo])  # my own chunk is read only by me: no copy
-        mine[hi:].copy_(x[hi:])
-        self._publish(SLOT_WRITTEN, k)
-        self._wait_all(SLOT_WRITTEN, k, "written")
-        self._reduce_chunk(x, area, lo, hi)
+        """Allreduce: scatter into my result area, then collect: two barriers."""
+        parts = [
+            x[a:b] for a, b in chunk_bounds(x.numel(), self.size, max(1, 64 // x.element_size()))
+        ]
+        k, result = self._scatter(parts, None)
+        parts[self.rank].copy_(result)
         self._publish(SLOT_REDUCED, k)
         self._wait_all(SLOT_REDUCED, k, "reduced")
-        for r in self._peers():
-            a, b = bounds[r]
-            x[a:b].copy_(self._segs[r].area(2, x.dtype, b - a))
+        self._collect(parts, 2)
 
-    def _reduce_chunk(self, x: torch.Tensor, area: int, lo: int, hi: int) -> None:
-        """Sum chunk ``[lo, hi)`` of every rank's input into my result area and ``x``."""
+    def _op_reduce_scatter(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        """My row of every rank's ``rows`` summed into ``out``: one barrier."""
+        self._scatter(list(rows.unbind(0)), out)
+
+    def _op_all_gather(self, rows: torch.Tensor, mine: torch.Tensor) -> None:
+        """Every rank's ``mine`` into its row of ``rows``: one barrier."""
+        k, area = self._begin(mine.numel() * mine.element_size())
+        self._segs[self.rank].area(area, mine.dtype, mine.numel()).copy_(mine)
+        self._publish(SLOT_WRITTEN, k)
+        self._wait_all(SLOT_WRITTEN, k, "written")
+        parts = list(rows.unbind(0))
+        self._collect(parts, area)
+        parts[self.rank].copy_(mine)
+
+    # ---- the halves --------------------------------------------------------------------------
+    def _scatter(
+        self, parts: list[torch.Tensor], out: torch.Tensor | None
+    ) -> tuple[int, torch.Tensor]:
+        """Op ``k``'s first half: ``parts[r]`` is the chunk rank ``r`` sums; every rank's chunk
+        ``rank`` summed into ``out`` (None: my result area). Returns ``(k, out)``."""
+        me, dtype = self.rank, parts[0].dtype
+        offsets = list(itertools.accumulate((p.numel() for p in parts), initial=0))
+        k, area = self._begin(offsets[-1] * dtype.itemsize)
+        staged = self._segs[me].area(area, dtype, offsets[-1])
+        for r in self._peers():  # my own chunk is read only by me: no copy
+            staged[offsets[r] : offsets[r + 1]].copy_(parts[r])
+        self._publish(SLOT_WRITTEN, k)
+        self._wait_all(SLOT_WRITTEN, k, "written")
+        lo, hi = offsets[me], offsets[me + 1]
+        if out is None:
+            out = self._segs[me].area(2, dtype, hi - lo)
+        self._reduce_chunk(parts, area, lo, hi, out)
+        return k, out
+
+    def _reduce_chunk(
+        self, parts: list[torch.Tensor], area: int, lo: int, hi: int, out: torch.Tensor
+    ) -> None:
+        """Sum elements ``[lo, hi)`` of every rank's input area into ``out``; mine from
+        ``parts``."""
         if hi == lo:
             return
-        result = self._segs[self.rank].area(2, x.dtype, hi - lo)
-        _sum_into(result, [self._input(r, area, x, lo, hi) for r in range(self.size)])
-        x[lo:hi].copy_(result)
+        inputs = [
+            parts[r] if r == self.rank else self._segs[r].area(area, out.dtype, hi)[lo:hi]
+            for r in range(self.size)
+        ]
+        _sum_into(out, inputs)
 
-    def _input(self, r: int, area: int, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        """Rank ``r``'s input elements ``[lo, hi)``; my own come straight from ``x``."""
-        if r == self.rank:
-            return x[lo:hi]
-        return self._segs[r].area(area, x.dtype, hi)[lo:hi]
-
-    # ---- synchronisation ---------------------------------------------------------------
-    def _publish(self, slot: int, k: int) -> None:
-        self._segs[self.rank].slots[slot] = k
-
-    def _wait_all(self, slot: int, k: int, phase: str) -> None:
-        """Until every peer's counter ``slot`` reaches ``k``; raises on death or timeout."""
-        waiting = [r for r in self._peers() if self._segs[r].slots[slot] < k]
-        if not waiting:
-            return
-        now = time.monotonic()
-        spin_until, check_at, deadline = now + SPIN_S, now + LIVENESS_EVERY_S, now + self.timeout
-        pause, mine = MIN_SLEEP_S, self._segs[self.rank].slots
-        while waiting:
-            if mine[SLOT_ABORT]:
-                raise self._aborted(mine, phase, k)
-            if now < spin_until:
-                os.sched_yield()  # releases the GIL; time.sleep(0) costs ~80 us here
-            else:
-                time.sleep(pause)
-                pause = min(pause * 2, MAX_SLEEP_S)
-            waiting = [r for r in waiting if self._segs[r].slots[slot] < k]
-            now = time.monotonic()
-            if waiting and now >= check_at:
-                self._check_alive(phase, k)
-                check_at = now + LIVENESS_EVERY_S
-            if waiting and now > deadline:
-                raise TimeoutError(self._stuck_message(waiting, slot, k, phase))
-
-    def _check_alive(self, phase: str, k: int) -> None:
+    def _collect(self, parts: list[torch.Tensor], area: int) -> None:
+        """Every peer's chunk, from the start of its data area ``area``, into ``parts``."""
         for r in self._peers():
-            seg = self._segs[r]
-            if not pid_alive(seg.pid, seg.start_time):
-                raise self._died(r, seg.pid, phase, k)
-
-    def _died(self, r: int, pid: int, phase: str, k: int, seen_by: str = "") -> PeerDiedError:
-        return PeerDiedError(
-            f"shm allreduce {self.prefix}: group rank {r} (global rank {self.ranks[r]}, pid "
-            f"{pid}) died{seen_by} while group rank {self.rank} waited for '{phase}' #{k}; "
-            "the group's shared-memory segments were removed",
-            r,
-        )
-
-    def _aborted(self, slots: memoryview, phase: str, k: int) -> RuntimeError:
-        """The error for an abort flag in my segment: the dead rank's, else the failed one's."""
-        failed, dead = slots[SLOT_ABORT] - 1, slots[SLOT_ABORT_DEAD] - 1
-        if dead >= 0:
-            pid = self._segs[dead].pid if self._segs[dead] is not None else -1
-            return self._died(dead, pid, phase, k, f" (noticed by group rank {failed})")
-        return PeerFailedError(
-            f"shm allreduce {self.prefix}: group rank {failed} (global rank "
-            f"{self.ranks[failed]}) failed (see its error) while group rank {self.rank} waited "
-            f"for '{phase}' #{k}; the group's shared-memory segments were removed"
-        )
-
-    def _stuck_message(self, waiting: list[int], slot: int, k: int, phase: str) -> str:
-        where = ", ".join(f"rank {r} at #{self._segs[r].slots[slot]}" for r in waiting)
-        hint = _HINT
-        if slot == SLOT_WRITTEN:  # a rank's first act in an allreduce: these never began #k
-            ranks = ", ".join(map(str, waiting))
-            who = f"rank {ranks} has" if len(waiting) == 1 else f"ranks {ranks} have"
-            hint = _BEHIND_HINT.format(who=who)
-        return (
-            f"shm allreduce {self.prefix}: group rank {self.rank} waited {self.timeout:.0f}s "
-            f"for '{phase}' #{k} ({where}){hint}"
-        )
-
-    def _grow(self, capacity: int) -> None:
-        """Re-create my segment at ``capacity`` (next generation) and map the peers' new ones."""
-        self._gen += 1
-        self._capacity = capacity
-        old = self._segs[self.rank]
-        self._segs[self.rank] = Segment.create(
-            self.prefix, self.rank, self._gen, self._token, capacity, self._seq - 1
-        )
-        old.close(unlink=True)  # peers still reading it keep their own mapping
-        for r in self._peers():
-            self._segs[r].close()
-            self._segs[r] = self._wait_attach(r)
-
-    def _wait_attach(self, peer: int) -> Segment:
-        deadline = time.monotonic() + self.timeout
-        check_at = time.monotonic() + LIVENESS_EVERY_S
-        while True:
-            seg = Segment.attach(self.prefix, peer, self._gen, self._token, self._capacity)
-            if seg is not None:
-                return seg
-            mine = self._segs[self.rank].slots
-            if mine[SLOT_ABORT]:
-                raise self._aborted(mine, f"segment generation {self._gen}", self._seq)
-            now = time.monotonic()
-            if now >= check_at:
-                self._check_alive(f"segment generation {self._gen}", self._seq)
-                check_at = now + LIVENESS_EVERY_S
-            if now > deadline:
-                raise TimeoutError(
-                    f"shm allreduce {self.prefix}: group rank {peer} did not create segment "
-                    f"generation {self._gen} within {self.timeout:.0f}s{_HINT}"
-                )
-            time.sleep(MIN_SLEEP_S)
-
-    # ---- teardown ----------------------------------------------------------------------
-    def _fail(self, exc: BaseException) -> None:
-        """After an error the group's segments are gone and this object refuses more work."""
-        self._error = f"{type(exc).__name__}: {exc}"
-        dead = exc.rank + 1 if isinstance(exc, PeerDiedError) else 0
-        for seg in self._segs:  # tell peers still waiting (in their own segments)
-            if seg is not None and seg.is_open and not seg.slots[SLOT_ABORT]:
-                seg.slots[SLOT_ABORT_DEAD] = dead
-                seg.slots[SLOT_ABORT] = self.rank + 1
-        self._release(unlink_all=True)
-
-    def close(self) -> None:
-        """Unlink my segment and unmap all; safe to call twice."""
-        self._closed = True
-        self._release(unlink_all=False)
-
-    def _release(self, unlink_all: bool) -> None:
-        for r, seg in enumerate(self._segs):
-            if seg is not None:
-                seg.close(unlink=r == self.rank)
-        self._segs = [None] * self.size
-        if unlink_all:
-            remove_group(self.prefix)
-        _untrack(self)
+            parts[r].copy_(self._segs[r].area(area, parts[r].dtype, parts[r].numel()))
 
 
 def _sum_into(out: torch.Tensor, inputs: list[torch.Tensor]) -> None:
@@ -418,53 +229,23 @@ def _sum_into(out: torch.Tensor, inputs: list[torch.Tensor]) -> None:
         out.add_(more)
 
 
-def check_one_node(group: dist.ProcessGroup, ranks: list[int], device: torch.device) -> None:
-    """Raise ValueError unless every rank of ``group`` runs on this node (collective)."""
-    import longboat.cluster as cluster
-    from longboat.cluster.topology import gather_topology, node_key
-
-    if cluster.is_initialized():
-        node_of = [cluster.topology().node_of[r] for r in ranks]
-    else:
-        node_of = list(gather_topology(node_key(None), device, group).node_of)
-    if len(set(node_of)) > 1:
-        raise ValueError(
-            f"shm allreduce needs every rank of the group on one node, but global ranks {ranks} "
-            f"are on nodes {node_of}; use 'native', or 'hierarchical' (shm inside each node)"
-        )
-
-
-# ---- exit hooks: every live ShmComm unlinks its segment, also in multiprocessing children --
-_LIVE: weakref.WeakSet[ShmComm] = weakref.WeakSet()
-_HOOKED = threading.Lock()
-_hooked = False
-
-
-def _track(comm: ShmComm) -> None:
-    global _hooked
-    with _HOOKED:
-        _LIVE.add(comm)
-        if not _hooked:
-            atexit.register(_close_all)
-            multiprocessing.util.Finalize(None, _close_all, exitpriority=100)
-            _hooked = True
-
-
-def _untrack(comm: ShmComm) -> None:
-    _LIVE.discard(comm)
-
-
-def _close_all() -> None:
-    for comm in list(_LIVE):
-        comm.close()
-
-
 class ShmAllreduce(BackgroundAllreduce):
-    """The AllreduceFn: ``ShmComm.allreduce`` on a worker thread; ``close()`` also unlinks."""
+    """The AllreduceFn: ``ShmComm.allreduce`` on a worker thread; its reduce-scatter and
+    all-gather queue behind it in the same order; ``close()`` also unlinks."""
 
     def __init__(self, comm: ShmComm):
         self.comm = comm
         super().__init__(comm.allreduce, "shm")
+
+    def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor) -> FutureHandle:
+        """Start `ShmComm.reduce_scatter`; the handle's future holds ``out``."""
+        self.comm._rows(full, out)  # a bad argument raises here, in the caller's thread
+        return FutureHandle(self(out, lambda o: self.comm.reduce_scatter(o, full)))
+
+    def all_gather(self, full: torch.Tensor, mine: torch.Tensor) -> FutureHandle:
+        """Start `ShmComm.all_gather`; the handle's future holds ``full``."""
+        self.comm._rows(full, mine)
+        return FutureHandle(self(full, lambda f: self.comm.all_gather(f, mine)))
 
     def close(self, timeout: float | None = None) -> None:
         """Finish queued work, stop the worker, remove this rank's segment."""
