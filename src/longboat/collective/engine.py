@@ -42,7 +42,7 @@ from longboat.collective.plan import (
 )
 from longboat.collective.reducer import Reducer
 from longboat.collective.sharding.groups import ShardGroups
-from longboat.collective.sharding.reducer import ShardedReducer
+from longboat.collective.sharding.reducer import WIRE_DTYPES, ShardedReducer
 from longboat.collective.sharding.step import ShardedStep
 from longboat.collective.sync_bn import convert_sync_batchnorm
 from longboat.comm import algorithms
@@ -367,6 +367,7 @@ def build_reducer(
             world_size=dist.get_world_size(),
             groups=shards,
             check_finite=check_finite,
+            wire_dtype=WIRE_DTYPES.get(plan.compression.name),
         )
     else:
         reducer = Reducer(

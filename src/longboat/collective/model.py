@@ -88,6 +88,7 @@ class DistributedModel(nn.Module):
         stall inspector move to the new reducer and watch its buckets from here on (False:
         they belonged to a world that is gone; ``longboat.trace.attach`` installs new ones).
         """
+        self.settle_parameters()  # the old world's gathers land before anything is rebuilt
         old = self.reducer
         old.remove_hooks()
         observer = old.observer if keep_observer else None

@@ -95,18 +95,19 @@ _SHARDING_CONFLICTS: tuple[Conflict, ...] = (
             "sharding_configs['stage']=1, or drop one",
             f"sharding True with sharding_configs['stage'] == 2 and {other} True",
         )
-        for other, why in (
-            ("dgc", "DGC sends sparse top-k allreduces instead"),
-            ("fp16_allreduce", "a float16 reduce-scatter is not implemented"),
-        )
+        for other, why in (("dgc", "DGC sends sparse top-k allreduces instead"),)
     ),
     Conflict(
         "sharding",
         "gradient_compression",
-        lambda v: _sharding_stage(v, 2) and v["gradient_compression"] != "none",
-        "sharding stage 2 reduce-scatters the gradients, and the compressors compress "
-        "allreduces: use sharding_configs['stage']=1, or gradient_compression='none'",
-        "sharding True with sharding_configs['stage'] == 2 and gradient_compression not 'none'",
+        lambda v: (
+            _sharding_stage(v, 2) and v["gradient_compression"] not in ("none", "fp16", "bf16")
+        ),
+        "sharding stage 2 reduce-scatters the gradients (in float16 or bfloat16 when asked), "
+        "and the other compressors compress allreduces: use sharding_configs['stage']=1, or "
+        "gradient_compression 'none', 'fp16' or 'bf16'",
+        "sharding True with sharding_configs['stage'] == 2 and gradient_compression not "
+        "'none'/'fp16'/'bf16'",
     ),
     Conflict(
         "sharding",

@@ -9,6 +9,10 @@ the world size, each slice is then summed over the ranks owning the same slice.
 
 The used-parameter flags travel apart (an allreduce of their own), and the AMP overflow check
 runs on the slices and is combined over the shard group, so every rank skips the same steps.
+
+With ``wire_dtype`` (``fp16_allreduce``, ``gradient_compression`` 'fp16' or 'bf16') the packed
+bucket is cast to it, reduce-scattered in it (half the bytes), and the slice cast back; the
+sum over the replica group, when there is one, runs on the full-precision slice.
 """
 
 from __future__ import annotations
@@ -27,15 +31,28 @@ from longboat.collective.sharding.layout import ShardLayout
 from longboat.comm.algorithms import AllreduceFn, Handle
 from longboat.comm.handles import wait_for
 
+WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+"""The compressors a stage-2 reduce-scatter carries out itself: their wire dtype."""
 
-class _ThenSum:
-    """A bucket's reduce-scatter, then (inside ``wait``) its sum over the replica group."""
 
-    def __init__(self, scatter: Handle, groups: ShardGroups, shard: torch.Tensor) -> None:
-        self._scatter, self._groups, self._shard = scatter, groups, shard
+class _Finish:
+    """A bucket's reduce-scatter, then (inside ``wait``, ordered after it) the cast of a
+    low-precision slice back into the gradient slice and the sum over the replica group."""
+
+    def __init__(
+        self,
+        scatter: Handle,
+        groups: ShardGroups,
+        shard: torch.Tensor,
+        wire: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> None:
+        self._scatter, self._groups, self._shard, self._wire = scatter, groups, shard, wire
 
     def wait(self) -> object:
         wait_for(self._scatter)
+        if self._wire is not None:
+            self._shard.copy_(self._wire[1])
+            self._wire = None  # the low-precision buffers go now
         handle = self._groups.sum_over_replicas(self._shard)
         return wait_for(handle) if handle is not None else True
 
@@ -52,6 +69,7 @@ class ShardedReducer(Reducer):
         world_size: int,
         groups: ShardGroups,
         check_finite: bool = False,
+        wire_dtype: torch.dtype | None = None,
     ) -> None:
         # the flags go apart, through the allreduce functions: the buckets are scattered
         super().__init__(
@@ -63,6 +81,7 @@ class ShardedReducer(Reducer):
             flag_fns=allreduce_fns,
         )
         self.groups = groups
+        self.wire_dtype = wire_dtype
         self.layout = ShardLayout.build(
             self.params, plan.buckets, [0] * len(self.params), groups.degree, groups.index
         )
@@ -88,10 +107,14 @@ class ShardedReducer(Reducer):
 
     def _collective(self, bucket: _Bucket) -> Handle:
         out = self.grad_shards[bucket.index]
+        if self.wire_dtype is not None and self.wire_dtype != out.dtype:
+            full = bucket.buffer.to(self.wire_dtype)
+            low = torch.empty(out.numel(), dtype=self.wire_dtype, device=out.device)
+            return _Finish(self.groups.reduce_scatter(low, full), self.groups, out, (full, low))
         scatter = self.groups.reduce_scatter(out, bucket.buffer)
         if self.groups.replicas is None:
             return scatter
-        return _ThenSum(scatter, self.groups, out)
+        return _Finish(scatter, self.groups, out, None)
 
     def _finite_flag(self) -> torch.Tensor:
         """Whether every rank's slices are finite: combined over the shard group (MIN)."""

@@ -1,6 +1,8 @@
-"""LARS and LAMB under sharding: each rank steps slices of parameters, and the trust ratio
-takes the norms of the whole parameters (summed over the shard group), so the results equal
-one process on the global batch. One spawn for the module."""
+"""Sharding with what it combines with: LARS and LAMB (each rank steps slices of parameters,
+and the trust ratio takes the norms of the whole parameters, summed over the shard group),
+a float16/bfloat16 reduce-scatter, several communicators. Each equals one process on the
+global batch (the low-precision ones within their rounding) and longboat without sharding.
+One spawn for the module."""
 
 from __future__ import annotations
 
@@ -44,14 +46,14 @@ def _optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
 
 def _base(kind: str, model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer the user passes; Fleet's field replaces it (LAMB takes Adam's betas)."""
-    if kind == "lamb":
+    if kind in ("lamb", "adam"):
         return torch.optim.Adam(model.parameters(), lr=0.05)
     return torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
 
 
 def reference(kind: str) -> dict[str, torch.Tensor]:
     model = _model()
-    optimizer = _optimizer(kind, model)
+    optimizer = _base(kind, model) if kind == "adam" else _optimizer(kind, model)
     x, y = _data()
     for i in range(STEPS):
         optimizer.zero_grad()
@@ -60,13 +62,16 @@ def reference(kind: str) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _train(rank: int, kind: str, stage: int | None, degree: int) -> dict[str, torch.Tensor]:
+def _train(
+    rank: int, kind: str, stage: int | None, degree: int, **fields: Any
+) -> dict[str, torch.Tensor]:
     import longboat as lb
 
     model = _model()
-    strategy = lb.Strategy(fuse_grad_size_in_MB=0.002)  # several buckets
-    setattr(strategy, kind, True)  # Fleet's meta-optimizer field replaces the optimizer
-    setattr(strategy, f"{kind}_configs", LAMB_CONFIGS if kind == "lamb" else LARS_CONFIGS)
+    strategy = lb.Strategy(fuse_grad_size_in_MB=0.002, **fields)  # several buckets
+    if kind != "adam":  # Fleet's meta-optimizer field replaces the optimizer
+        setattr(strategy, kind, True)
+        setattr(strategy, f"{kind}_configs", LAMB_CONFIGS if kind == "lamb" else LARS_CONFIGS)
     if stage is not None:
         strategy.sharding = True
         strategy.sharding_configs = {"stage": stage, "sharding_degree": degree}
@@ -87,10 +92,19 @@ def _train(rank: int, kind: str, stage: int | None, degree: int) -> dict[str, to
     return out
 
 
-RUNS = {
-    f"{kind}-{stage}-{degree}": (kind, stage, degree)
-    for kind in ("lamb", "lars")
-    for stage, degree in ((None, 0), (1, 0), (2, 0), (2, 1))
+WIRES = {"bf16": {"gradient_compression": "bf16"}, "fp16": {"fp16_allreduce": True}}
+RUNS: dict[str, tuple[str, int | None, int, dict[str, Any]]] = {
+    **{
+        f"{kind}-{stage}-{degree}": (kind, stage, degree, {})
+        for kind in ("lamb", "lars")
+        for stage, degree in ((None, 0), (1, 0), (2, 0), (2, 1))
+    },
+    **{
+        f"{wire}-{stage}-{degree}": ("adam", stage, degree, fields)
+        for wire, fields in WIRES.items()
+        for stage, degree in ((None, 0), (2, 0), (2, 1))
+    },
+    **{f"comms-{stage}": ("adam", stage, 0, {"nccl_comm_num": 2}) for stage in (1, 2)},
 }
 
 
@@ -98,7 +112,7 @@ def _all(rank: int, world: int) -> dict[str, Any]:
     import longboat as lb
 
     lb.init()
-    out = {name: _train(rank, *args) for name, args in RUNS.items()}
+    out = {name: _train(rank, *args, **fields) for name, (*args, fields) in RUNS.items()}
     dist.barrier()
     return out
 
@@ -121,3 +135,21 @@ def test_layerwise_optimizers_shard_as_one_process_steps(runs, kind, stage, degr
             plain = r[f"{kind}-None-0"][name]
             torch.testing.assert_close(sharded[name], plain, rtol=1e-9, atol=1e-11)
 
+
+@pytest.mark.parametrize("wire", ["bf16", "fp16"])
+@pytest.mark.parametrize("degree", [0, 1])
+def test_a_low_precision_reduce_scatter(runs, wire, degree):
+    expected = reference("adam")
+    for r in runs:
+        sharded, plain = r[f"{wire}-2-{degree}"], r[f"{wire}-None-0"]
+        worst = max(float((sharded[n] - v).abs().max()) for n, v in expected.items())
+        allreduced = max(float((plain[n] - v).abs().max()) for n, v in expected.items())
+        assert 1e-7 < worst < 5 * allreduced  # it travels rounded, as the allreduce does
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_several_communicators(runs, stage):
+    expected = reference("adam")
+    for r in runs:
+        for name, value in expected.items():
+            torch.testing.assert_close(r[f"comms-{stage}"][name], value, rtol=1e-9, atol=1e-11)
