@@ -316,8 +316,9 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         exposed = max(0.0, max(finishes) - backward)
     if shard is not None:
         opt = shard.optimizer_s(opt)
-        exposed += shard.gather_s  # inside optimizer.step(), after the update
-        total += shard.gather_s
+        sizes = [sum(prof.params[i].nbytes for i in m) for m in reversed(buckets.buckets)]
+        exposed += shard.exposed_gather(sizes, fwd)  # the forward reads the last bucket first
+        total += sum(shard.gather_s(n) for n in sizes)
         sent += shard.gather_bytes
         notes.append(shard.note())
     cycle = merge * (fwd + bwd) + copy_s + contended + exposed + opt

@@ -1,10 +1,10 @@
 """Sharding (ZeRO stage 1 and 2) in the simulator: what it changes in a step and in memory.
 
 Stage 1 keeps the gradient allreduce, runs the optimizer on 1/d of the elements and then
-all-gathers the updated parameters (exposed: the engine gathers them inside
-``optimizer.step()``). Stage 2 also replaces each bucket's allreduce by a reduce-scatter,
-half an allreduce's steps and bytes, during backward as before. ``d`` is the shard group's
-size (``sharding_degree``, 0: every rank).
+all-gathers the updated parameters bucket by bucket, overlapped with the next forward: a
+bucket's layers wait for its gather (`Sharded.exposed_gather`). Stage 2 also replaces each
+bucket's allreduce by a reduce-scatter, half an allreduce's steps and bytes, during backward
+as before. ``d`` is the shard group's size (``sharding_degree``, 0: every rank).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ class Sharded:
 
     stage: int
     degree: int
-    gather_s: float  # the all-gather of the updated parameters (latency + link)
-    gather_bytes: int  # what this rank sends in it
+    group: Cluster  # the ranks of one shard group
+    gather_bytes: int  # what this rank sends in the parameters' all-gather
 
     def collective(self, allreduce: Parts) -> Parts:
         """A bucket's collective: its allreduce (stage 1), a reduce-scatter (stage 2)."""
@@ -45,11 +45,26 @@ class Sharded:
         """The optimizer on this rank's 1/degree of the elements."""
         return unsharded_s / self.degree
 
+    def gather_s(self, bucket_bytes: int) -> float:
+        """One bucket's all-gather (latency + link)."""
+        return sum(cost.allgather(bucket_bytes / self.degree, self.group))
+
+    def exposed_gather(self, bucket_bytes: list[int], forward_s: float) -> float:
+        """The forward's wait for the gathers: ``bucket_bytes`` in the order the forward reads
+        the buckets, gathered one after another from the step's end; each bucket's share of
+        the forward (by bytes) starts when its gather has landed."""
+        total = sum(bucket_bytes) or 1
+        landed = computed = 0.0
+        for nbytes in bucket_bytes:
+            landed += self.gather_s(nbytes)
+            computed = max(computed, landed) + forward_s * nbytes / total
+        return max(0.0, computed - forward_s)
+
     def note(self) -> str:
         scatter = "reduce-scatter, " if self.stage == 2 else ""
         return (
             f"sharding stage {self.stage} over {self.degree} ranks: {scatter}optimizer on 1/"
-            f"{self.degree} of the elements, parameters all-gathered after the step"
+            f"{self.degree} of the elements, parameters all-gathered during the next forward"
         )
 
 
@@ -60,9 +75,7 @@ def sharded(plan: ShardingPlan | None, profile: Profile, cluster: Cluster) -> Sh
     degree = plan.degree_in(cluster.world, 0)
     group = cluster if degree == cluster.world else cluster.with_devices(degree)
     param_bytes = sum(p.nbytes for p in profile.params)
-    lat, link = cost.allgather(param_bytes / degree, group)
-    sent = int((degree - 1) * param_bytes / degree)
-    return Sharded(plan.stage, degree, lat + link, sent)
+    return Sharded(plan.stage, degree, group, int((degree - 1) * param_bytes / degree))
 
 
 def memory_per_rank(profile: Profile, shard: Sharded | None) -> dict[str, int]:
