@@ -26,7 +26,7 @@ def _shaped(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() > 0
 
 
-def _describe(step: ShardedStep) -> dict[str, dict[str, Any]]:
+def describe(step: ShardedStep) -> dict[str, dict[str, Any]]:
     """Per user group with state here (keys: the group's index as text), JSON-safe:
     ``{key: {"dtype": name}}`` for shaped state, ``{key: {"scalar": value, "dtype": name}}``
     for a scalar tensor (the same on every shard of the group), ``{key: {"value": v}}`` for
@@ -56,10 +56,10 @@ def _entry(key: str, value: Any) -> dict[str, Any]:
     )
 
 
-def _descriptions(step: ShardedStep) -> dict[int, dict[str, dict[str, Any]]]:
-    """Every shard rank's `_describe`, merged: user group -> key -> entry (JSON over the
+def descriptions(step: ShardedStep) -> dict[int, dict[str, dict[str, Any]]]:
+    """Every shard rank's `describe`, merged: user group -> key -> entry (JSON over the
     shard group; nothing that crosses the network is unpickled)."""
-    mine = json.dumps(_describe(step)).encode()
+    mine = json.dumps(describe(step)).encode()
     keys: dict[int, dict[str, dict[str, Any]]] = {}
     for raw in allgather_bytes(mine, group=step.groups.shard):
         for g, info in json.loads(raw).items():
@@ -67,7 +67,7 @@ def _descriptions(step: ShardedStep) -> dict[int, dict[str, dict[str, Any]]]:
     return keys
 
 
-def _is_shaped(entry: dict[str, Any] | None) -> bool:
+def is_shaped(entry: dict[str, Any] | None) -> bool:
     return entry is not None and set(entry) == {"dtype"}
 
 
@@ -75,7 +75,7 @@ def _gathered_shaped(
     step: ShardedStep, keys: dict[int, dict[str, dict[str, Any]]], group_of: list[int | None]
 ) -> dict[int, dict[str, torch.Tensor]]:
     """Parameter index -> shaped state, all-gathered bucket by bucket from the shards."""
-    dtypes = {k: e["dtype"] for info in keys.values() for k, e in info.items() if _is_shaped(e)}
+    dtypes = {k: e["dtype"] for info in keys.values() for k, e in info.items() if is_shaped(e)}
     pieces: dict[int, list[tuple[Piece, torch.Tensor]]] = {}
     for (s, piece), p in zip(step.pieces, step.shard_params, strict=True):
         pieces.setdefault(s.index, []).append((piece, p))
@@ -92,7 +92,7 @@ def _gathered_shaped(
             wait_for(step.groups.all_gather(full, local))
             for i, off in s.members:
                 g = group_of[i]
-                if g is None or not _is_shaped(keys.get(g, {}).get(key)):
+                if g is None or not is_shaped(keys.get(g, {}).get(key)):
                     continue
                 param = step.params[i]
                 value = torch.empty_like(param, dtype=dtype)
@@ -101,7 +101,7 @@ def _gathered_shaped(
     return full_state
 
 
-def _scalars(info: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def scalars(info: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A group's scalar state, rebuilt from its JSON entries (scalar tensors on the CPU)."""
     out: dict[str, Any] = {}
     for key, entry in info.items():
@@ -114,12 +114,12 @@ def _scalars(info: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def gather_state_dict(step: ShardedStep) -> dict[str, Any]:
     """The full ``state_dict`` of the user's optimizer class (collective over the job)."""
-    keys = _descriptions(step)
-    group_of = _group_of_params(step)
+    keys = descriptions(step)
+    group_of = group_of_params(step)
     full_state: dict[int, dict[str, Any]] = _gathered_shaped(step, keys, group_of)
     for i, g in enumerate(group_of):
         if g is not None and g in keys:
-            full_state.setdefault(i, {}).update(_scalars(keys[g]))
+            full_state.setdefault(i, {}).update(scalars(keys[g]))
     plain = step.user.state_dict()  # the user's param groups, numbered as torch numbers them
     index = _torch_index(step)
     plain["state"] = {
@@ -131,8 +131,33 @@ def gather_state_dict(step: ShardedStep) -> dict[str, Any]:
 def load_gathered_state_dict(step: ShardedStep, state_dict: dict[str, Any]) -> None:
     """Load a full ``state_dict`` (this one's or the plain optimizer's): the hyper-parameters
     into the user's param groups, this rank's slices of the state into the shard optimizer."""
-    user = step.user
+    from longboat.collective.sharding.slices import put
+
     saved_groups = state_dict["param_groups"]
+    load_param_groups(step, saved_groups)
+    position = {id(p): i for i, p in enumerate(step.params)}
+    saved_of: dict[int, Any] = {}
+    for s_group, u_group in zip(saved_groups, step.user.param_groups, strict=True):
+        for pid, p in zip(s_group["params"], u_group["params"], strict=True):
+            saved_of[position[id(p)]] = state_dict["state"].get(pid) or {}
+    if step.optimizer is None:
+        return
+    step.optimizer.state.clear()
+    for k, (_, piece) in enumerate(step.pieces):
+        saved = saved_of[piece.param]
+        param = step.params[piece.param]
+        shaped = {
+            key: _flat_like(v, param)[piece.start : piece.stop]
+            for key, v in saved.items()
+            if _shaped(v)
+        }
+        put(step, k, shaped, {key: v for key, v in saved.items() if not _shaped(v)})
+
+
+def load_param_groups(step: ShardedStep, saved_groups: list[dict[str, Any]]) -> None:
+    """Copy the hyper-parameters of ``saved_groups`` (a ``state_dict``'s ``param_groups``)
+    into the user's param groups; ValueError when their number or sizes differ."""
+    user = step.user
     if len(saved_groups) != len(user.param_groups) or any(
         len(s["params"]) != len(u["params"])
         for s, u in zip(saved_groups, user.param_groups, strict=True)
@@ -141,28 +166,8 @@ def load_gathered_state_dict(step: ShardedStep, state_dict: dict[str, Any]) -> N
             "loaded state dict has param groups that do not match the optimizer's (their "
             "number or sizes differ): load a state_dict of the same model and param groups"
         )
-    position = {id(p): i for i, p in enumerate(step.params)}
-    saved_of: dict[int, Any] = {}
     for s_group, u_group in zip(saved_groups, user.param_groups, strict=True):
         u_group.update({k: v for k, v in s_group.items() if k != "params"})
-        for pid, p in zip(s_group["params"], u_group["params"], strict=True):
-            saved_of[position[id(p)]] = state_dict["state"].get(pid)
-    if step.optimizer is None:
-        return
-    step.optimizer.state.clear()
-    for (_, piece), shard_param in zip(step.pieces, step.shard_params, strict=True):
-        saved = saved_of[piece.param]
-        if not saved:
-            continue
-        loaded: dict[str, Any] = {}
-        for key, value in saved.items():
-            if not _shaped(value):
-                loaded[key] = value.clone() if torch.is_tensor(value) else value
-                continue
-            part = _flat_like(value, step.params[piece.param])[piece.start : piece.stop]
-            dtype = shard_param.dtype if value.is_floating_point() else value.dtype
-            loaded[key] = part.to(device=shard_param.device, dtype=dtype, copy=True)
-        step.optimizer.state[shard_param] = loaded
 
 
 def _flat_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
@@ -177,7 +182,7 @@ def _flat_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return flat_view(value)
 
 
-def _group_of_params(step: ShardedStep) -> list[int | None]:
+def group_of_params(step: ShardedStep) -> list[int | None]:
     position = {id(p): i for i, p in enumerate(step.params)}
     group_of: list[int | None] = [None] * len(step.params)
     for g, group in enumerate(step.user.param_groups):
