@@ -38,6 +38,8 @@ _EXPORTS: dict[str, str] = {
     "convert_sync_batchnorm": "longboat.collective.sync_bn",
     "save_checkpoint": "longboat.checkpoint",
     "load_checkpoint": "longboat.checkpoint",
+    "save_sharded_checkpoint": "longboat.collective.sharding.files",
+    "load_sharded_checkpoint": "longboat.collective.sharding.files",
     "is_server": "longboat.launch.roles",
     "is_worker": "longboat.launch.roles",
     "ps": "longboat.ps",

@@ -54,7 +54,8 @@ def _tmp_prefix(path: Path) -> str:
     return f".{path.name}{_TMP_INFIX}"
 
 
-def _check_state(state: Any) -> None:
+def check_state(state: Any) -> None:
+    """TypeError unless ``state`` is a mapping with str keys (what save_checkpoint takes)."""
     if not isinstance(state, Mapping):
         raise TypeError(
             f"save_checkpoint: state must be a mapping with str keys, e.g. "
@@ -128,7 +129,7 @@ def save_checkpoint(
     Raises TypeError for a state that is not a str-keyed mapping and CheckpointError for a
     state that ``load_checkpoint`` could not load back (e.g. an instance of a custom class).
     """
-    _check_state(state)
+    check_state(state)
     if not all_ranks and _rank() != 0:
         return False
     target = Path(os.fspath(path))
