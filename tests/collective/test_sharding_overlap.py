@@ -66,12 +66,13 @@ def reference() -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _train(rank: int, stage: int, compiled: bool) -> dict[str, Any]:
+def _train(rank: int, stage: int, compiled: bool, overlap: bool = True) -> dict[str, Any]:
     import longboat as lb
 
     model = _model()
     strategy = lb.Strategy(fuse_grad_size_in_MB=0.004)  # a few buckets
-    strategy.sharding, strategy.sharding_configs = True, {"stage": stage}
+    strategy.sharding = True
+    strategy.sharding_configs = {"stage": stage, "comm_overlap": overlap}
     pending_after_embed: list[bool] = []
     dmodel, dopt = lb.distribute(model, _optimizer(model), strategy)
     gather = dopt.stages[-1].gather
@@ -106,10 +107,11 @@ def _all(rank: int, world: int) -> dict[str, Any]:
     import longboat as lb
 
     lb.init()
-    return {
+    runs = {
         f"stage{stage}{'-compiled' if compiled else ''}": _train(rank, stage, compiled)
         for stage, compiled in ((1, False), (2, False), (1, True))
     }
+    return runs | {"stage2-in-step": _train(rank, 2, False, overlap=False)}
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +126,7 @@ def _close(actual: dict, expected: dict, what: str) -> None:
         )
 
 
-@pytest.mark.parametrize("run", ["stage1", "stage2", "stage1-compiled"])
+@pytest.mark.parametrize("run", ["stage1", "stage2", "stage1-compiled", "stage2-in-step"])
 def test_overlapped_gathers_train_as_one_process(runs, run):
     expected = reference()
     for rank, r in enumerate(runs):
@@ -150,10 +152,11 @@ def test_a_parameter_waiting_for_its_slices_reads_nan_not_stale_values(runs, run
         assert all(h > 0 for h in hidden[1:])  # then: hidden until the forward needs them
 
 
-def test_a_compiled_forward_gathers_inside_the_step(runs):
+@pytest.mark.parametrize("run", ["stage1-compiled", "stage2-in-step"])
+def test_a_compiled_forward_or_comm_overlap_false_gathers_inside_the_step(runs, run):
     for r in runs:
-        assert not any(r["stage1-compiled"]["pending_after_embed"])
-        assert r["stage1-compiled"]["hidden_nan"] == [0] * STEPS
+        assert not any(r[run]["pending_after_embed"])
+        assert r[run]["hidden_nan"] == [0] * STEPS
 
 
 def test_the_gathers_follow_the_order_the_forward_reads_the_buckets(runs):

@@ -254,11 +254,15 @@ def _wrap_optimizer(
     if local_sgd is not None:
         stages.append(LocalSGDStep(local_sgd, optimizer))
     if shards is not None and plan.sharding is not None:
-        stages.append(ShardedStep(optimizer, wrapped, shards, plan.sharding.stage))
+        stages.append(
+            ShardedStep(
+                optimizer, wrapped, shards, plan.sharding.stage, overlap=plan.sharding.overlap
+            )
+        )
     return StagedOptimizer(optimizer, stages)
 
 
-def _shard_groups(plan: CollectivePlan) -> ShardGroups | None:
+def shard_groups(plan: CollectivePlan) -> ShardGroups | None:
     """Sharding's process groups (collective), or None when sharding is off."""
     if plan.sharding is None:
         return None

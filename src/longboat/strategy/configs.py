@@ -138,6 +138,13 @@ SHARDING_CONFIGS = Config(
         ),
         KeySpec("stage", Int(1, 3), 1, "1: optimizer state, 2: + gradients, 3: + parameters"),
         KeySpec("segment_broadcast_MB", Float(0, lo_open=True), 32.0, "broadcast segment size"),
+        KeySpec(
+            "comm_overlap",
+            Bool(),
+            True,
+            "all-gather the updated parameters during the next forward (False: inside "
+            "optimizer.step())",
+        ),
         KeySpec("segment_anchors", StrList(), [], "variables that end a segment"),
         KeySpec("gradient_merge_acc_step", Int(1), 1, "gradient merge steps inside sharding"),
         KeySpec("optimize_offload", Bool(), False, "optimizer state in CPU memory"),

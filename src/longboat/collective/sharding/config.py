@@ -19,6 +19,8 @@ class ShardingPlan:
     """Ranks per shard group; 0: every rank of the job."""
     dp_degree: int
     """``sharding_configs['dp_degree']``: 1, or the number of shard groups."""
+    overlap: bool = True
+    """``sharding_configs['comm_overlap']``: all-gather the parameters during the next forward."""
 
     @classmethod
     def of(cls, strategy: Strategy) -> ShardingPlan | None:
@@ -27,7 +29,10 @@ class ShardingPlan:
             return None
         c = strategy.sharding_configs
         return cls(
-            stage=int(c["stage"]), degree=int(c["sharding_degree"]), dp_degree=int(c["dp_degree"])
+            stage=int(c["stage"]),
+            degree=int(c["sharding_degree"]),
+            dp_degree=int(c["dp_degree"]),
+            overlap=bool(c["comm_overlap"]),
         )
 
     def degree_in(self, world: int, rank: int) -> int:

@@ -71,12 +71,15 @@ class ShardedStep(Stage):
         model: DistributedModel,
         groups: ShardGroups,
         stage: int,
+        *,
+        overlap: bool = True,
     ) -> None:
         check_elementwise(optimizer)
         self.user = optimizer
         self.model = model
         self.groups = groups
         self.stage = stage
+        self.overlap = overlap  # the all-gather during the next forward (eager models only)
         params = model.reducer.params
         self.params = params
         group_of = _group_of(optimizer, params, model.reducer.names)
@@ -161,7 +164,7 @@ class ShardedStep(Stage):
                 self.optimizer.step(**kwargs)
             elif self.norm_sum is not None:  # no slice here: still join the norms' allreduce
                 self.norm_sum([], torch.zeros(0, 2))
-        if self.model.runs_eagerly():
+        if self.overlap and self.model.runs_eagerly():
             self.gather.watch(self.model.module)  # overlaps from the second step on
         else:
             self.gather.stop_overlap()
