@@ -36,7 +36,7 @@ from longboat.sim import cost, devices
 from longboat.sim.cluster import Cluster, ClusterError
 from longboat.sim.compression import bucket_parts
 from longboat.sim.profile import Profile
-from longboat.sim.sharding import memory_per_rank, sharded
+from longboat.sim.sharding import Sharded, memory_per_rank, sharded
 from longboat.sim.straggler import spread_seconds, straggler_seconds
 from longboat.sim.timeline import Job, busy_before, finish_times
 from longboat.strategy import Strategy
@@ -262,6 +262,41 @@ def _local_sgd_step(prof: Profile, cluster: Cluster, algorithm: str, k: int) -> 
     )
 
 
+def _bucket_jobs(
+    prof: Profile,
+    cluster: Cluster,
+    plan: CollectivePlan,
+    buckets: list[list[int]],
+    shard: Sharded | None,
+    rate: float,
+) -> tuple[list[Job], int, float, set[str]]:
+    """Each bucket's collective as a timeline job (ready when its last gradient is, plus its
+    share of the bucket copies); the bytes sent, the time on the links, the algorithms."""
+    compression, config = plan.compression.name, dict(plan.compression.config)
+    algorithm = plan.comm.algorithm
+    copy_s = 2 * prof.grad_bytes / cluster.mem_bw if cluster.world > 1 else 0.0
+    jobs, sent, total, chosen = [], 0, 0.0, set()
+    on_comm = assign_communicators(
+        [sum(prof.params[i].nbytes for i in members) for members in buckets],
+        plan.comm.communicators,
+    )
+    for b, members in enumerate(buckets):
+        params = [prof.params[i] for i in members]
+        extra = 4 * len(prof.params) if b == len(buckets) - 1 else 0
+        algo = algorithm
+        if algorithm == "auto":
+            algo = cost.best_algorithm(sum(p.nbytes for p in params), cluster)
+        chosen.add(algo)
+        (lat, bw), nbytes = bucket_parts(params, extra, cluster, algo, compression, config, rate)
+        if shard is not None:
+            (lat, bw), nbytes = shard.collective((lat, bw)), shard.sent(nbytes)
+        ready = max(p.ready_s for p in params) + copy_s * (b + 1) / len(buckets)
+        jobs.append(Job(ready, on_comm[b], lat, bw))
+        sent += nbytes
+        total += lat + bw
+    return jobs, sent, total, chosen
+
+
 def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = None) -> Prediction:
     """Predict one step of ``profile`` on ``cluster`` under ``strategy`` (default Strategy)."""
     strategy = strategy if strategy is not None else Strategy()
@@ -288,28 +323,10 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         max_layers=plan.comm.layers_per_bucket,
         last_cap_mb=plan.comm.last_bucket_mb,
     )
-    compression, config = plan.compression.name, dict(plan.compression.config)
-    comms = plan.comm.communicators
+    compression = plan.compression.name
     rate = flop_rate(profile, cluster)
     copy_s = 2 * prof.grad_bytes / cluster.mem_bw if cluster.world > 1 else 0.0
-    jobs, sent, total, chosen = [], 0, 0.0, set()
-    on_comm = assign_communicators(
-        [sum(prof.params[i].nbytes for i in members) for members in buckets.buckets], comms
-    )
-    for b, members in enumerate(buckets.buckets):
-        params = [prof.params[i] for i in members]
-        extra = 4 * len(prof.params) if b == len(buckets.buckets) - 1 else 0
-        algo = algorithm
-        if algorithm == "auto":
-            algo = cost.best_algorithm(sum(p.nbytes for p in params), cluster)
-        chosen.add(algo)
-        (lat, bw), nbytes = bucket_parts(params, extra, cluster, algo, compression, config, rate)
-        if shard is not None:
-            (lat, bw), nbytes = shard.collective((lat, bw)), shard.sent(nbytes)
-        ready = max(p.ready_s for p in params) + copy_s * (b + 1) / len(buckets.buckets)
-        jobs.append(Job(ready, on_comm[b], lat, bw))
-        sent += nbytes
-        total += lat + bw
+    jobs, sent, total, chosen = _bucket_jobs(prof, cluster, plan, buckets.buckets, shard, rate)
     exposed, contended = 0.0, 0.0
     if cluster.world > 1:
         finishes, backward, contended = _timeline(jobs, bwd + copy_s, contention_of(cluster))
