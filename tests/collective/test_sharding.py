@@ -532,19 +532,6 @@ def test_stage2_releases_the_full_buckets_after_backward():
     assert result["alive"].tolist() == [0, 0]
 
 
-def test_elastic_rebuild_refuses_sharding():
-    import types
-
-    import longboat as lb
-    from longboat.collective.plan import Placement, resolve
-    from longboat.collective.rebuild import RebuildError, check_rebuildable
-
-    plan = resolve(lb.Strategy(sharding=True), Placement.of([0, 0], "gloo"))
-    assert plan.sharding is not None and plan.sharding.stage == 1
-    with pytest.raises(RebuildError, match="set sharding=False"):
-        check_rebuildable(types.SimpleNamespace(plan=plan, tuner=None))  # type: ignore[arg-type]
-
-
 def _gathered(rank: int, world: int, device: str) -> dict[str, torch.Tensor]:
     """Stage 1 at 4 virtual ranks of the lagging backend, whose all-gather repeats this rank's
     slice (landing late on its own stream on a GPU): after each step and the next forward (or

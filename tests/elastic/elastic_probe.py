@@ -7,7 +7,8 @@ a node joins or leaves there), PROBE_DIE="GROUP_RANK@COMMIT" (that node's rank k
 launcher and itself once the job reached that many commits: a node lost as a whole),
 PROBE_QUIT_AT=K (this rank ends at commit K with exit code 0, as if its training were done),
 PROBE_DIGESTS (a directory: every rank appends a JSON line to ``digests-<pid>.jsonl`` each time
-``train`` starts, i.e. after every sync of the state, and once at the end with its parameters).
+``train`` starts, i.e. after every sync of the state, and once at the end with its parameters),
+PROBE_SHARDING=STAGE (shard the optimizer state over every rank at that stage).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ WAIT_FOR = {
 }  # commit -> world size to wait for there
 QUIT_AT = int(os.environ.get("PROBE_QUIT_AT", "-1"))
 DIGESTS = os.environ.get("PROBE_DIGESTS", "")
+SHARDING = int(os.environ.get("PROBE_SHARDING", "0"))
 
 
 def data(samples: int = SAMPLES) -> TensorDataset:
@@ -137,7 +139,10 @@ def main() -> None:
     loader = DataLoader(dataset, batch_sampler=sampler)
     net = model()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    dmodel, optimizer = lb.distribute(net, optimizer)
+    strategy = lb.Strategy()
+    if SHARDING:
+        strategy.sharding, strategy.sharding_configs = True, {"stage": SHARDING}
+    dmodel, optimizer = lb.distribute(net, optimizer, strategy)
     state = lb.elastic.State(
         model=dmodel, optimizer=optimizer, sampler=sampler, epoch=0, history=[]
     )

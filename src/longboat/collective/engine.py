@@ -88,7 +88,7 @@ def distribute(
     plan = resolve(strategy, live_placement())  # below here only the plan is read
     model, named = _prepare(model, plan)
     comm = join_world(model, plan)
-    shards = _shard_groups(plan)  # sharding (ZeRO): collective, the same order on every rank
+    shards = shard_groups(plan)  # sharding (ZeRO): collective, the same order on every rank
     if plan.runtime.compiled_fusion:
         model = cast(nn.Module, torch.compile(model))
     amp = Amp(plan.amp, named[0][1].device.type) if plan.amp is not None else None

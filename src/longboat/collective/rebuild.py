@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from longboat.collective.engine import build_reducer, join_world, live_placement
+from longboat.collective.engine import build_reducer, join_world, live_placement, shard_groups
 from longboat.collective.model import DistributedModel
+from longboat.collective.sharding.slices import step_of
+from longboat.collective.sharding.step import ShardedStep
+from longboat.optim.staged import StagedOptimizer
 from longboat.trace import attach
 
 
@@ -23,12 +26,6 @@ def check_rebuildable(model: DistributedModel) -> None:
             "Strategy(auto=True) times reducers for one world; elastic training needs fixed "
             "settings: set auto=False and the fields the tuner chose (longboat bench comm)"
         )
-    if plan.sharding is not None:
-        raise RebuildError(
-            "sharding lays the optimizer state out over this world's ranks; elastic training "
-            "needs the full state on every rank: set sharding=False, or restart the job from "
-            "a checkpoint (optimizer.state_dict() is gathered into the unsharded layout)"
-        )
     if plan.compression.name == "dgc":
         raise RebuildError(
             "DGC keeps residuals and momentum per rank, which a new world cannot take over; "
@@ -44,21 +41,34 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     rank 0's parameters are broadcast (``State.sync`` then installs the committed state).
     Parameters, the optimizer's stages and the module are kept; the old reducer's gradient
     hooks are removed; timeline and stall inspector are attached anew (``optimizer``, the one
-    ``lb.distribute`` returned, records its steps into the new timeline).
+    ``lb.distribute`` returned, records its steps into the new timeline). Under sharding the
+    sharded step is built anew for the new world's shard groups, without state:
+    ``State.sync`` reshards the state the ranks held (`longboat.collective.sharding.reshard`).
     """
     check_rebuildable(model)
     if model.plan is None:
         raise RebuildError("only a model lb.distribute returned can move to a new world")
+    sharded = step_of(optimizer)
+    if model.plan.sharding is not None and sharded is None:
+        raise RebuildError(
+            "sharding: pass the optimizer lb.distribute returned to the rebuild (as "
+            "lb.elastic.State(optimizer=...) does): its shards are laid out anew"
+        )
     old = model.reducer
     plan = model.plan.on(live_placement())  # the new world's placement decides anew
     comm = join_world(model.module, plan)  # meets newcomers in lb.distribute's calls
+    shards = shard_groups(plan)  # after join_world, as lb.distribute makes them
     reducer, compressors = build_reducer(
         list(zip(old.names, old.params, strict=True)),
         plan,
         optimizer,
         communicators=comm.pair,
         check_finite=old.check_finite,
+        shards=shards,
     )
     model.replace_reducer(reducer, compressors, plan, keep_observer=False)
     model.micro_step = 0
+    if sharded is not None and shards is not None:
+        assert isinstance(optimizer, StagedOptimizer) and plan.sharding is not None
+        optimizer.set_stage(ShardedStep(sharded.user, model, shards, plan.sharding.stage))
     attach(model, optimizer, plan.trace)  # the optimizer's timeline stage records anew

@@ -17,7 +17,7 @@ from torch import nn
 
 import longboat.cluster as cluster
 from longboat.comm.exchange import control_device
-from longboat.elastic import world
+from longboat.elastic import optimizer_state, world
 from longboat.elastic.membership import ElasticError
 from longboat.elastic.sampler import ElasticSampler
 from longboat.log import get_logger
@@ -152,7 +152,7 @@ class State:
         if self.model is not None:
             self._snapshot["model"].save(self.model.state_dict())
         if self.optimizer is not None:
-            self._snapshot["optimizer"].save(self.optimizer.state_dict())
+            self._snapshot["optimizer"].save(optimizer_state.snapshot(self.optimizer))
         self._snapshot["rest"] = {
             "commits": self.commits,
             "sampler": self.sampler.state_dict() if self.sampler is not None else None,
@@ -188,7 +188,7 @@ class State:
         if self.model is not None and self._snapshot["model"].tree is not None:
             self.model.load_state_dict(self._snapshot["model"].fresh())
         if self.optimizer is not None and self._snapshot["optimizer"].tree is not None:
-            self.optimizer.load_state_dict(self._snapshot["optimizer"].fresh())
+            optimizer_state.restore(self.optimizer, self._snapshot["optimizer"].fresh())
         rest = self._snapshot["rest"]
         self.commits = rest["commits"]
         if self.sampler is not None and rest["sampler"] is not None:
@@ -208,22 +208,30 @@ class State:
         such rank); returns that rank. A rank that holds no state yet (it joined late) always
         receives it; nothing moves when every rank holds the same count. Then every rank's
         digest of its state is compared: `StateMismatchError` (on every rank) names the ranks
-        whose state differs from that rank's."""
+        whose state differs from that rank's. A sharded optimizer's slices are resharded over
+        the world from the ranks' last commits (``ShardsLostError`` when some left with a
+        rank)."""
+        mine = self.commits if self._has_state else -1  # a newcomer has nothing to give
+        held = self._snapshot["optimizer"].tree if self._has_state else None
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             self._has_state = True  # alone, this rank holds the state: a joiner receives it
+            if dist.is_initialized() and optimizer_state.reshard(self.optimizer, held, mine):
+                self.save()
             self._reshard()
             return 0
         device = control_device()
         counts = [
             torch.zeros(1, dtype=torch.long, device=device) for _ in range(dist.get_world_size())
         ]
-        mine = self.commits if self._has_state else -1  # a newcomer has nothing to give
         dist.all_gather(counts, torch.tensor([mine], device=device))
         values = [int(c.item()) for c in counts]
         source = values.index(max(values))
-        if len(set(values)) > 1:
+        received = len(set(values)) > 1
+        if received:
             self._receive(self._broadcast_payload(source), source)
         self._has_state = True
+        if optimizer_state.reshard(self.optimizer, held, mine) or received:
+            self.save()
         self._reshard()
         self.verify_same_state(source)
         return source
@@ -237,7 +245,7 @@ class State:
         params = (
             [(n, p) for n, p in self.model.named_parameters()] if self.model is not None else []
         )
-        optimizer = self.optimizer.state_dict() if self.optimizer is not None else None
+        optimizer = optimizer_state.digested(self.optimizer) if self.optimizer is not None else None
         sampler = self.sampler.state_dict() if self.sampler is not None else None
         return [_hash(part) for part in (self.commits, params, optimizer, sampler)]
 
@@ -288,7 +296,9 @@ class State:
         return {
             "commits": self.commits,
             "model": self.model.state_dict() if self.model is not None else None,
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "optimizer": (
+                optimizer_state.payload(self.optimizer) if self.optimizer is not None else None
+            ),
             "sampler": self.sampler.state_dict() if self.sampler is not None else None,
             "values": self._values,
         }
@@ -297,14 +307,13 @@ class State:
         if data is not None:
             self._load(torch.load(io.BytesIO(data), weights_only=True))
             _log.info("took the state of rank %d (%d commits)", source, self.commits)
-        self.save()
 
     def _load(self, payload: dict[str, Any]) -> None:
         self.commits = int(payload["commits"])
         if self.model is not None and payload["model"] is not None:
             self.model.load_state_dict(payload["model"])
         if self.optimizer is not None and payload["optimizer"] is not None:
-            self.optimizer.load_state_dict(payload["optimizer"])
+            optimizer_state.load_payload(self.optimizer, payload["optimizer"])
         if self.sampler is not None and payload["sampler"] is not None:
             self.sampler.load_state_dict(payload["sampler"])
         object.__setattr__(self, "_values", dict(payload["values"]))
@@ -338,8 +347,18 @@ class State:
     # -- disk --------------------------------------------------------------------------------
 
     def write_checkpoint(self) -> None:
-        """Rank 0 writes the state to ``checkpoint`` (temporary file, then rename)."""
-        if self._checkpoint is None or cluster.rank() != 0:
+        """Rank 0 writes the state to ``checkpoint`` (temporary file, then rename); with a
+        sharded optimizer every rank takes part, and ``checkpoint`` is the directory of a
+        sharded checkpoint (`longboat.collective.sharding.files`)."""
+        if self._checkpoint is None:
+            return
+        if optimizer_state.is_sharded(self.optimizer):
+            from longboat.collective.sharding.files import save_sharded_checkpoint
+
+            assert self.optimizer is not None
+            save_sharded_checkpoint(self._checkpoint, self.optimizer, self._payload())
+            return
+        if cluster.rank() != 0:
             return
         self._checkpoint.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._checkpoint.with_name(f".{self._checkpoint.name}.writing")
@@ -347,10 +366,22 @@ class State:
         os.replace(tmp, self._checkpoint)
 
     def load_checkpoint(self) -> bool:
-        """Load ``checkpoint`` if it exists (e.g. when the whole job restarts); True if loaded."""
-        if self._checkpoint is None or not self._checkpoint.exists():
+        """Load ``checkpoint`` if it exists (e.g. when the whole job restarts); True if loaded.
+        A sharded optimizer loads the slices this rank owns, at any world size."""
+        if self._checkpoint is None:
             return False
-        self._load(torch.load(self._checkpoint, weights_only=True))
+        if optimizer_state.is_sharded(self.optimizer):
+            from longboat.collective.sharding.files import load_sharded_checkpoint
+
+            assert self.optimizer is not None
+            payload = load_sharded_checkpoint(self._checkpoint, self.optimizer)
+        elif self._checkpoint.exists():
+            payload = torch.load(self._checkpoint, weights_only=True)
+        else:
+            payload = None
+        if payload is None:
+            return False
+        self._load(payload)
         self._has_state = True
         self.save()
         return True

@@ -1,0 +1,88 @@
+"""What `State` keeps, hands around and compares of an optimizer: its whole ``state_dict``, or,
+for a sharded optimizer (``Strategy(sharding=True)``), this rank's slices only, which
+``State.sync`` reshards over the new world (`longboat.collective.sharding.reshard`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from longboat.collective.sharding.slices import (
+    fill,
+    local_slices,
+    segments,
+    shard_of,
+    stateful,
+    step_of,
+)
+
+
+def is_sharded(optimizer: torch.optim.Optimizer | None) -> bool:
+    return step_of(optimizer) is not None
+
+
+def snapshot(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The state to snapshot at a commit (no communication)."""
+    step = step_of(optimizer)
+    return optimizer.state_dict() if step is None else local_slices(step)
+
+
+def restore(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Load a `snapshot`. A sharded optimizer rebuilt for another world since keeps its state
+    until ``State.sync`` reshards the snapshot."""
+    step = step_of(optimizer)
+    if step is None:
+        optimizer.load_state_dict(saved)
+        return
+    if not dist.is_initialized():
+        return
+    here = [list(seg) for seg in segments(step)]
+    same = saved["shard"] == shard_of(step) and saved["pieces"] == here
+    if not same or step.optimizer is None:
+        return
+    segs, states = stateful(saved)
+    step.optimizer.state.clear()
+    groups = {int(g): info for g, info in saved["groups"].items()}
+    fill(step, groups, {0: segs}, lambda _, j: states[j])
+
+
+def payload(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What the rank ``State.sync`` takes the state from sends of the optimizer: sharded, only
+    the param groups (the slices are resharded)."""
+    step = step_of(optimizer)
+    if step is None:
+        return optimizer.state_dict()
+    return {"param_groups": step.user.state_dict()["param_groups"]}
+
+
+def load_payload(optimizer: torch.optim.Optimizer, sent: dict[str, Any]) -> None:
+    from longboat.collective.sharding.state import load_param_groups
+
+    step = step_of(optimizer)
+    if step is None:
+        optimizer.load_state_dict(sent)
+    else:
+        load_param_groups(step, sent["param_groups"])
+
+
+def digested(optimizer: torch.optim.Optimizer) -> Any:
+    """What every rank must hold alike: the ``state_dict``, or, sharded, the param groups (the
+    slices differ between ranks by design; resharding checks that every element is held)."""
+    return payload(optimizer)
+
+
+def reshard(
+    optimizer: torch.optim.Optimizer | None, held: Mapping[str, Any] | None, commits: int
+) -> bool:
+    """Collective: a sharded optimizer's state from the slices the ranks ``held`` at
+    ``commits`` (None: this rank holds none); True if the optimizer is sharded."""
+    from longboat.collective.sharding.reshard import reshard as move
+
+    step = step_of(optimizer)
+    if step is None:
+        return False
+    move(step, held, commits)
+    return True
