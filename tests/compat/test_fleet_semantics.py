@@ -294,7 +294,8 @@ def test_sparse_table_configs_spellings_agree() -> None:
         ("sparse_shard_num", 100, "'sparse_shard_num' cannot be honoured: rows are sharded"),
         ("sparse_embedx_threshold", 10, "admit_count"),
         ("sparse_accessor_class", "DownpourCtrAccessor", "show/click"),
-        ("sparse_optimizer", "std_adagrad", "SparseNaiveSGDRule"),
+        ("sparse_optimizer", "shared_adam", "one pair of Adam moments per row"),
+        ("sparse_optimizer", "adagrad_v2", "SparseNaiveSGDRule"),
         ("sparse_learnig_rate", 0.1, "did you mean 'sparse_learning_rate'"),
     ],
 )

@@ -87,3 +87,92 @@ def test_sync_param_name_is_the_mp_configs_key() -> None:
         s.update(hybrid_configs={"mp_configs": {"sync_param_name": ["a"]}}, sync_param_name=["b"])
     with pytest.raises(StrategyError, match="sync_param_name' must be list"):
         s.sync_param_name = "embedding"
+
+
+# ---- sparse tables: Paddle's test_sparse_table_configs / test_fleet_desc_configs -----------------
+EMBX = "accessor.embedx_sgd_param"
+
+
+def test_tables_read_by_position_and_attribute_as_paddles_table_list() -> None:
+    s = fleet.DistributedStrategy()
+    s.sparse_table_configs = {
+        "emb": {f"table_parameters.emb.{EMBX}.adagrad.learning_rate": 0.05},
+        "user": {"embedx_sparse_optimizer": "naive", "embedx_sparse_learning_rate": 0.2},
+    }
+    tables = s.sparse_table_configs
+    assert tables[0].accessor.embedx_sgd_param.adagrad.learning_rate == 0.05
+    assert tables[-1].table_name == "user" and tables[1].accessor.embedx_sgd_param.name == (
+        "SparseNaiveSGDRule"
+    )
+    assert tables["emb"] == {f"{EMBX}.adagrad.learning_rate": 0.05}  # by name, as before
+    with pytest.raises(IndexError, match=r"there are 2 table\(s\) \(emb, user\)"):
+        _ = tables[2]
+    with pytest.raises(AttributeError, match="does not set accessor.embedx_dim: the table uses"):
+        _ = tables[0].accessor.embedx_dim
+    with pytest.raises(StrategyError, match="read-only"):
+        tables[0].accessor.embedx_dim = 8
+
+
+def test_fleet_desc_configs_fills_in_paddles_defaults() -> None:
+    """Paddle's fleet_desc_configs setter: the update rule's block with its defaults, the
+    table class and the days before unseen rows go; given values win."""
+    expected = {"adagrad": ("adagrad", "learning_rate", 0.05), "naive": ("naive", "learning_rate",
+                0.05), "adam": ("adam", "beta1_decay_rate", 0.9), "std_adagrad": ("adagrad",
+                "initial_g2sum", 3.0)}  # fmt: skip
+    for rule, (block, key, value) in expected.items():
+        s = fleet.DistributedStrategy()
+        s.fleet_desc_configs = {"emb": {"sparse_optimizer": rule}}
+        table = s.sparse_table_configs[0]
+        assert getattr(getattr(table.accessor.embedx_sgd_param, block), key) == value
+        assert table.table_class == "MemorySparseTable"
+        assert table.accessor.ctr_accessor_param.delete_after_unseen_days == 30
+    s = fleet.DistributedStrategy()
+    s.fleet_desc_configs = {
+        "emb": {"embedx_sparse_optimizer": "adam", "sparse_learning_rate": 0.01}
+    }
+    assert s.sparse_table_configs["emb"][f"{EMBX}.adam.learning_rate"] == 0.01
+    assert s.sparse_table_configs["emb"][f"{EMBX}.adam.ada_epsilon"] == 1e-8
+
+
+def test_fleet_desc_defaults_reach_the_sparse_embedding() -> None:
+    from torch import nn
+
+    from longboat.ps import SparseEmbedding
+    from longboat.ps.trainer.table_configs import apply_sparse_table_configs
+
+    model = nn.Sequential(SparseEmbedding(100, 4, "emb", optimizer="sgd", lr=0.5))
+    s = fleet.DistributedStrategy()
+    s.fleet_desc_configs = {"emb": {"sparse_optimizer": "std_adagrad"}}
+    apply_sparse_table_configs(model, s.sparse_table_configs)
+    spec = model[0].spec()
+    assert spec["optimizer"] == "adagrad" and spec["scale"] == 1e-4
+    assert spec["hparams"]["lr"] == pytest.approx(0.05 * 3**0.5)
+    assert spec["lazy"] is True and spec["evict_after"] == 30
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"table_parameters.emb.accessor.embed_sgd_param.adagrad.learning_rate": 0.05},
+         "one-wide embed_w column"),
+        ({"embed_sparse_optimizer": "adagrad"}, "set the embedx rule instead"),
+        ({"table_parameters.emb.accessor.table_accessor_save_param.num": 2}, "no converter"),
+        ({"sparse_accessor_class": "DownpourUnitAccessor"}, "show/click"),
+        ({"sparse_accessor_class": "DownpourCtrDoubleAccessor"}, "show/click"),
+        ({"sparse_optimizer": "shared_adam"}, "use 'adam' (SparseAdamSGDRule)"),
+        ({"sparse_click_coeff": 1.0}, "show/click"),
+    ],
+)  # fmt: skip
+def test_paddle_table_settings_longboat_cannot_honour_are_refused(
+    settings: dict[str, object], expected: str
+) -> None:
+    s = fleet.DistributedStrategy()
+    for field in ("sparse_table_configs", "fleet_desc_configs"):
+        with pytest.raises(StrategyError, match=next(iter(settings))) as info:
+            setattr(s, field, {"emb": settings})
+        assert expected in str(info.value)
+    s.fleet_desc_configs = {"emb": {}}
+    with pytest.raises(AttributeError, match="has no accessor.embed_sgd_param: embed_sgd_param"):
+        _ = s.sparse_table_configs[0].accessor.embed_sgd_param
+    with pytest.raises(AttributeError, match="show_scale: a show/click statistic"):
+        _ = s.sparse_table_configs[0].accessor.ctr_accessor_param.show_scale

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ import yaml
 from longboat.strategy.configs import HYBRID_DEGREES, MP_CONFIGS
 from longboat.strategy.conflicts import CONFLICTS
 from longboat.strategy.fields import FIELDS
+from longboat.strategy.sparse_tables import fleet_desc
 from longboat.strategy.spec import ENV_PREFIX, STATUS_KINDS, FieldSpec, Group, StatusKind
 from longboat.strategy.values import (
     Config,
@@ -92,6 +93,8 @@ ALIASES: dict[str, str] = {
 }
 """Other Paddle names of fields: reading or setting one reads or sets the field (Paddle's
 ``fleet_desc_configs`` setter fills the same tables that ``sparse_table_configs`` reads)."""
+ALIAS_VALUES: dict[str, Callable[[Any], Any]] = {"fleet_desc_configs": fleet_desc}
+"""How an alias's setter changes the value (Paddle's ``fleet_desc_configs`` fills defaults)."""
 KEY_ALIASES: dict[str, tuple[str, ...]] = {
     "hybrid_parallel_order": ("hybrid_configs", "order"),
     "sync_param_name": ("hybrid_configs", "mp_configs", "sync_param_name"),
@@ -209,6 +212,7 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
             continue
         group = GROUP_KEYS.get(name)
         if group is None:
+            value = ALIAS_VALUES[name](value) if name in ALIAS_VALUES else value
             name = ALIASES.get(name, name)
             field_spec(name)
             put(name, value, "flat")

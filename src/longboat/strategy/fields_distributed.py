@@ -28,6 +28,7 @@ from longboat.strategy.spec import (
     outside_data_parallel,
     refused_when_used,
 )
+from longboat.strategy.table_views import Tables
 from longboat.strategy.values import Bool, Choice, Config, Float, Int, OptionalPath, RegistryChoice
 
 
@@ -75,7 +76,7 @@ DISTRIBUTED_FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec(
         "sparse_table_configs",
         TableConfigs(),
-        {},
+        Tables(),
         "Paddle's sparse table settings by table name (needs mode='ps'): update rule, learning "
         "rate, initial range, Adagrad/Adam constants, row width, days before unseen rows go",
         mapped(
