@@ -125,6 +125,7 @@ def _train(dmodel: Any, dopt: Any, state: Any, steps: range) -> None:
         dopt.step()
         if state is not None:
             state.commit()
+    dmodel.settle_parameters()  # the last step's gathers, before the parameters are read
 
 
 def _load_at_one_rank(ckpt: Path, port: int) -> dict[str, Any]:
