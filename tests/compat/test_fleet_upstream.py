@@ -176,3 +176,14 @@ def test_paddle_table_settings_longboat_cannot_honour_are_refused(
         _ = s.sparse_table_configs[0].accessor.embed_sgd_param
     with pytest.raises(AttributeError, match="show_scale: a show/click statistic"):
         _ = s.sparse_table_configs[0].accessor.ctr_accessor_param.show_scale
+
+
+def test_paddles_ps_fields_without_a_counterpart_say_why() -> None:
+    """test_sparse_table_configs also sets adam_d2sum and fs_client_param."""
+    s = fleet.DistributedStrategy()
+    with pytest.raises(TypeError, match="'adam_d2sum' has no counterpart.*torch's Adam"):
+        s.adam_d2sum = True
+    with pytest.raises(TypeError, match="'fs_client_param' has no counterpart.*--checkpoint-dir"):
+        s.fs_client_param = {"uri": "123", "user": "456"}
+    with pytest.raises(AttributeError, match="HDFS client"):
+        _ = s.fs_client_param

@@ -16,13 +16,14 @@ import yaml
 from longboat.strategy.configs import HYBRID_DEGREES, MP_CONFIGS
 from longboat.strategy.conflicts import CONFLICTS
 from longboat.strategy.fields import FIELDS
-from longboat.strategy.sparse_tables import fleet_desc
+from longboat.strategy.sparse_tables import PS_FIELDS_REFUSED, fleet_desc
 from longboat.strategy.spec import ENV_PREFIX, STATUS_KINDS, FieldSpec, Group, StatusKind
 from longboat.strategy.values import (
     Config,
     Rejected,
     StrategyError,
     StrategyTypeError,
+    UnknownFieldError,
     ValueType,
     WrongType,
     closest,
@@ -144,8 +145,16 @@ def field_spec(name: str) -> FieldSpec:
     """The spec of field ``name``; StrategyError with a suggestion if there is none."""
     spec = FIELDS.get(name)
     if spec is None:
-        raise unknown_name_error("Strategy field", str(name), attribute_names())
+        raise unknown_field(name)
     return spec
+
+
+def unknown_field(name: str) -> UnknownFieldError:
+    """The error for a name that is no field: why, for Paddle's fields longboat cannot have."""
+    if name in PS_FIELDS_REFUSED:
+        return UnknownFieldError(f"Paddle's field {name!r} has no counterpart in longboat: "
+                                 f"{PS_FIELDS_REFUSED[name]}")  # fmt: skip
+    return unknown_name_error("Strategy field", str(name), attribute_names())
 
 
 @dataclass(frozen=True)

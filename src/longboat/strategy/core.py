@@ -36,6 +36,7 @@ from longboat.strategy.changes import (
     logger,
     read_mapping,
     shown,
+    unknown_field,
     validate,
     warn_no_effect,
 )
@@ -178,7 +179,7 @@ class Strategy:
             return
         known = name in GROUP_KEYS or name in KEY_ALIASES or ALIASES.get(name, name) in FIELDS
         if not known:
-            error = unknown_name_error("Strategy field", name, attribute_names())
+            error = unknown_field(name)
             raise UnknownAttributeError(
                 f"{name!r} is not an attribute of DistributedStrategy: {error}"
             )

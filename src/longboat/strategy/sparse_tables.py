@@ -124,6 +124,15 @@ _CTR = (
     "a show/click statistic of Paddle's CTR accessors; longboat's tables keep no show/click "
     "statistics (use sparse_accessor_class='DownpourSparseValueAccessor')"
 )
+PS_FIELDS_REFUSED: dict[str, str] = {
+    "adam_d2sum": "it picks Paddle's d2sum variant of Adam for the dense parameters on the "
+    "servers; longboat's servers run torch's Adam (fleet.distributed_optimizer(torch.optim.Adam("
+    "...)))",
+    "fs_client_param": "it configures the HDFS client Paddle's servers save tables through; "
+    "longboat's servers write checkpoints to a directory (longboat launch --checkpoint-dir): "
+    "mount the file system there",
+}
+"""Paddle's parameter-server DistributedStrategy fields with no counterpart, and why."""
 REFUSED_PREFIXES: dict[str, str] = {
     "accessor.embed_sgd_param.": _EMBED + f"{SGD}.<rule>.<key>, or the sparse_* keys)",
     "embed_sparse_": _EMBED + "the embedx_sparse_* or sparse_* keys)",
