@@ -91,6 +91,10 @@ def _train(rank: int, stage: int, compiled: bool, overlap: bool = True) -> dict[
         hidden = [model.get_parameter(n) for n, _ in model.named_parameters()]
         hidden_nan.append(sum(bool(p.isnan().all()) for p in hidden))
     through_wrapper = {n.removeprefix("module."): p.clone() for n, p in dmodel.named_parameters()}
+    _loss(dmodel, x[0][half], y[0][half]).backward()
+    dopt.step()  # pending again; then an elastic rebuild would drop them unread
+    dmodel.drop_pending_writes()
+    dropped = sum(bool(p.isnan().any()) for p in model.parameters()) + len(gather._hooks)
     dist.barrier()
     return {
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
@@ -100,6 +104,7 @@ def _train(rank: int, stage: int, compiled: bool, overlap: bool = True) -> dict[
         "hidden_nan": hidden_nan,
         "buckets": len(gather.buckets),
         "order": list(gather.order),
+        "nan or hooks after drop": dropped,
     }
 
 
@@ -140,7 +145,7 @@ def test_gathers_are_left_to_the_next_forward(runs, run):
     for r in runs:
         seen = r[run]["pending_after_embed"]
         assert not seen[0] and not seen[1]  # step 1 gathers in the step, and learns the readers
-        assert all(seen[2:])  # later: the embedding ran while other buckets still gathered
+        assert all(seen[2:STEPS])  # later: the embedding ran while other buckets still gathered
         assert all(r[run]["written_after_forward"])  # every bucket written by the forward's end
 
 
@@ -185,3 +190,9 @@ def test_the_profile_sees_weights_read_without_calling_their_module():
     assert not torch.overrides._get_current_function_mode_stack()  # the mode is gone
     model(x[1])  # and a second forward runs without it
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("run", ["stage1", "stage2"])
+def test_dropping_pending_writes_unhides_every_parameter_and_removes_the_hooks(runs, run):
+    for r in runs:
+        assert r[run]["nan or hooks after drop"] == 0

@@ -135,5 +135,3 @@ def warn_compiled_elsewhere() -> None:
         "with backward; results are unchanged). To keep overlap, %s.",
         HOW,
     )
-
-

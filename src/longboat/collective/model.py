@@ -28,6 +28,9 @@ class PendingWrites(Protocol):
     def finish(self) -> None:
         """Write them all now."""
 
+    def discard(self) -> None:
+        """Forget them (the parameters are about to be replaced)."""
+
 
 class DistributedModel(nn.Module):
     """Wraps a module so that backward averages gradients across ranks.
@@ -117,6 +120,14 @@ class DistributedModel(nn.Module):
         way than through this model's forward, ``state_dict()`` or ``parameters()``."""
         if self.pending_writes is not None:
             self.pending_writes.finish()
+
+    def drop_pending_writes(self) -> None:
+        """Forget what the last step left pending, without waiting for it: before the
+        parameters are replaced (an elastic rebuild broadcasts rank 0's, then installs the
+        committed state), where waiting could hang on a world that lost a rank."""
+        if self.pending_writes is not None:
+            self.pending_writes.discard()
+            self.pending_writes = None
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
         self.settle_parameters()

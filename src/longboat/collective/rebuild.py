@@ -54,6 +54,7 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
             "sharding: pass the optimizer lb.distribute returned to the rebuild (as "
             "lb.elastic.State(optimizer=...) does): its shards are laid out anew"
         )
+    model.drop_pending_writes()  # the broadcast below writes into every parameter
     old = model.reducer
     plan = model.plan.on(live_placement())  # the new world's placement decides anew
     comm = join_world(model.module, plan)  # meets newcomers in lb.distribute's calls
@@ -70,5 +71,9 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     model.micro_step = 0
     if sharded is not None and shards is not None:
         assert isinstance(optimizer, StagedOptimizer) and plan.sharding is not None
-        optimizer.set_stage(ShardedStep(sharded.user, model, shards, plan.sharding.stage))
+        optimizer.set_stage(
+            ShardedStep(
+                sharded.user, model, shards, plan.sharding.stage, overlap=plan.sharding.overlap
+            )
+        )
     attach(model, optimizer, plan.trace)  # the optimizer's timeline stage records anew

@@ -103,12 +103,27 @@ class ParameterGather:
             self._root = root
             self._profile = ReadersProfile(root, self.params, self._install)
 
+    def discard(self) -> None:
+        """Forget the pending gathers without waiting for them (their world is gone: the
+        parameters are about to be replaced) and remove the hooks; hidden parameters get
+        their own storage back, whose other ranks' slices hold the last step's values."""
+        self._queue.clear()
+        self._flight.clear()
+        for i, data in self._hidden.items():
+            self.params[i].data = data
+        self._hidden.clear()
+        self._remove_hooks()
+
     def stop_overlap(self) -> None:
         """Gather inside the step from now on (a compiled forward would not run the hooks
         where they belong)."""
         self.finish()
+        self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
         if self._profile is not None:
             self._profile.cancel()
+            self._profile = None
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()

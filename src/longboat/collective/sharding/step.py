@@ -109,6 +109,7 @@ class ShardedStep(Stage):
                 self.optimizer.norm_sum = self.norm_sum
         self._grads_of: object = None  # the reducer whose slices the shard grads view
         self.gather = ParameterGather(self.layout.buckets, params, self._flat, groups)
+        model.drop_pending_writes()  # a sharded step built anew (elastic) replaces the old one
         model.pending_writes = self.gather
 
     # -- construction ---------------------------------------------------------------------------
