@@ -92,6 +92,16 @@ def _train(rank: int, stage: int, compiled: bool, overlap: bool = True) -> dict[
         hidden_nan.append(sum(bool(p.isnan().all()) for p in hidden))
     through_wrapper = {n.removeprefix("module."): p.clone() for n, p in dmodel.named_parameters()}
     _loss(dmodel, x[0][half], y[0][half]).backward()
+    dopt.step()  # pending again: loading a state dict now writes them, then loads
+    model.load_state_dict(through_wrapper)
+    loaded = all(torch.equal(p, through_wrapper[n]) for n, p in model.named_parameters())
+    state = lb.elastic.State(model=dmodel, optimizer=dopt)
+    state.save()
+    _loss(dmodel, x[0][half], y[0][half]).backward()
+    dopt.step()  # pending again: an elastic rollback drops them unread, then restores
+    state.restore()
+    restored = all(torch.equal(p, through_wrapper[n]) for n, p in model.named_parameters())
+    _loss(dmodel, x[0][half], y[0][half]).backward()
     dopt.step()  # pending again; then an elastic rebuild would drop them unread
     dmodel.drop_pending_writes()
     dropped = sum(bool(p.isnan().any()) for p in model.parameters()) + len(gather._hooks)
@@ -105,6 +115,8 @@ def _train(rank: int, stage: int, compiled: bool, overlap: bool = True) -> dict[
         "buckets": len(gather.buckets),
         "order": list(gather.order),
         "nan or hooks after drop": dropped,
+        "loaded between step and forward": loaded,
+        "restored between step and forward": restored,
     }
 
 
@@ -196,3 +208,10 @@ def test_the_profile_sees_weights_read_without_calling_their_module():
 def test_dropping_pending_writes_unhides_every_parameter_and_removes_the_hooks(runs, run):
     for r in runs:
         assert r[run]["nan or hooks after drop"] == 0
+
+
+@pytest.mark.parametrize("run", ["stage1", "stage2"])
+def test_load_state_dict_between_step_and_forward(runs, run):
+    for r in runs:
+        assert r[run]["loaded between step and forward"]
+        assert r[run]["restored between step and forward"]  # an elastic rollback

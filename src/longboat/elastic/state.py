@@ -185,6 +185,9 @@ class State:
 
     def restore(self) -> None:
         """Go back to the last snapshot."""
+        drop = getattr(self.model, "drop_pending_writes", None)
+        if drop is not None:  # sharding's gathers of a world that may have lost a rank
+            drop()
         if self.model is not None and self._snapshot["model"].tree is not None:
             self.model.load_state_dict(self._snapshot["model"].fresh())
         if self.optimizer is not None and self._snapshot["optimizer"].tree is not None:

@@ -9,8 +9,8 @@ Once `watch` has learnt from one forward of an eager module who reads which para
 bucket is waited for and written just before the first module of the next forward that reads
 one of its parameters (a forward pre-hook), which launches the next one, so the gathers run
 while the forward computes. Whatever is still pending is written when the forward ends, and by
-``finish()``: the next step, the model's ``state_dict()``, ``parameters()`` and
-``named_parameters()`` call it first. Until then, and after `stop_overlap`, ``after_step``
+``finish()``: the next step, the model's ``state_dict()``, ``load_state_dict()``,
+``parameters()`` and ``named_parameters()`` call it first. Until then, and after `stop_overlap`, ``after_step``
 gathers and writes every bucket before it returns.
 
 While a parameter waits for the other ranks' slices it is hidden, as FSDP hides a sharded
@@ -147,6 +147,7 @@ class ParameterGather:
                 self._hooks.append(module.register_forward_pre_hook(self._before(needs)))
         self._hooks.append(self._root.register_forward_hook(self._at_end, always_call=True))
         self._hooks.append(self._root.register_state_dict_pre_hook(self._before_state_dict))
+        self._hooks.append(self._root.register_load_state_dict_pre_hook(self._before_load))
 
     def _before(self, needs: list[int]) -> Any:
         @torch.compiler.disable  # under a compiled caller: run here, eagerly
@@ -163,6 +164,10 @@ class ParameterGather:
 
     def _before_state_dict(self, module: nn.Module, prefix: str, keep_vars: bool) -> None:
         self.finish()
+
+    def _before_load(self, module: nn.Module, *args: Any) -> None:
+        self.finish()  # a hidden parameter cannot be written into (and a partial load keeps
+        # the parameters it does not name, complete)
 
     # -- launching and writing ------------------------------------------------------------------
 
