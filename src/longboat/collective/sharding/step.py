@@ -203,6 +203,7 @@ class ShardedStep(Stage):
     def state_dict(self, rest: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         from longboat.collective.sharding.state import gather_state_dict
 
+        self.gather.finish()  # a checkpoint of both reads complete parameters next
         return gather_state_dict(self)
 
     def load_state_dict(
