@@ -25,12 +25,26 @@ def distribute(
     holding parameters that are not in ``model`` is refused (their gradients would never be
     averaged across ranks).
     """
+    return enter(model, optimizer, strategy)
+
+
+def enter(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    strategy: Strategy | None,
+    **ps_options: Any,
+) -> tuple[nn.Module, Any]:
+    """The one door of the facades to the engines (`distribute` is it without options):
+    ``ps_options`` are the parameter-server engine's (where the servers are, the job's
+    token), which Fleet's workers pass."""
     strategy = strategy or cluster.current_strategy() or Strategy()
     admit(model, optimizer)  # the engines check again: a direct call gets the same refusals
     if strategy.mode == "ps":
         from longboat.ps.trainer.engine import distribute as ps_distribute
 
-        return ps_distribute(model, optimizer, strategy)
+        return ps_distribute(model, optimizer, strategy, **ps_options)
+    if ps_options:
+        raise TypeError(f"{sorted(ps_options)}: parameter-server options, and mode is collective")
     from longboat.collective.engine import distribute as collective_distribute
 
     if not cluster.is_initialized():

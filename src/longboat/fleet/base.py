@@ -23,12 +23,11 @@ import longboat.cluster as cluster
 from longboat import session
 from longboat.checkpoint import load_checkpoint, save_checkpoint
 from longboat.collective.model import DistributedModel
-from longboat.dispatch import distribute
+from longboat.dispatch import distribute, enter
 from longboat.fleet.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from longboat.ps.server import Server, make_server, serve_until_done
 from longboat.ps.shared import auth
 from longboat.ps.trainer.engine import PSModel
-from longboat.ps.trainer.engine import distribute as ps_distribute
 from longboat.ps.trainer.kv import KVClient
 from longboat.strategy import Strategy
 
@@ -334,10 +333,11 @@ class Fleet:
                 "before fleet.distributed_model(model); the servers run that optimizer"
             )
         strategy = self._used_strategy()
-        wrapped, optimizer = ps_distribute(
+        wrapped, optimizer = enter(
             model, self._optimizer.inner_opt, strategy, token=auth.load_token(),
             **self._ps_location(),
         )  # fmt: skip
+        assert isinstance(wrapped, PSModel)
         self._optimizer._bound = optimizer
         self._model = wrapped
         return wrapped
