@@ -178,10 +178,10 @@ class ShmComm(ShmGroup):
         k, area = self._begin(mine.numel() * mine.element_size())
         self._segs[self.rank].area(area, mine.dtype, mine.numel()).copy_(mine)
         self._publish(SLOT_WRITTEN, k)
-        self._wait_all(SLOT_WRITTEN, k, "written")
         parts = list(rows.unbind(0))
+        parts[self.rank].copy_(mine)  # while the peers catch up
+        self._wait_all(SLOT_WRITTEN, k, "written")
         self._collect(parts, area)
-        parts[self.rank].copy_(mine)
 
     # ---- the halves --------------------------------------------------------------------------
     def _scatter(
