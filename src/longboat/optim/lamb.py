@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from longboat.optim.layerwise import LayerwiseOptimizer, Params
+from longboat.optim.layerwise import LayerwiseOptimizer, Norms, Params
 
 __all__ = ["LAMB"]
 
@@ -81,16 +81,7 @@ class LAMB(LayerwiseOptimizer):
             update.add_(p, alpha=wd)
         return p, update
 
-    def _apply(
-        self,
-        p: torch.Tensor,
-        g: torch.Tensor,
-        group: dict[str, Any],
-        wd: float,
-        inputs: tuple[torch.Tensor, torch.Tensor],
-        norm_a: torch.Tensor,
-        norm_b: torch.Tensor,
-    ) -> None:
-        w_norm, u_norm = norm_a, norm_b
+    def _apply(self, p: torch.Tensor, g: torch.Tensor, group: dict, wd: float, n: Norms) -> None:
+        w_norm, u_norm = n.norm_a, n.norm_b
         ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-        p.sub_(inputs[1] * (group["lr"] * ratio))
+        p.sub_(n.b * (group["lr"] * ratio))

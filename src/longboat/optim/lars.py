@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from longboat.optim.layerwise import LayerwiseOptimizer, Params
+from longboat.optim.layerwise import LayerwiseOptimizer, Norms, Params
 
 __all__ = ["LARS"]
 
@@ -74,20 +74,11 @@ class LARS(LayerwiseOptimizer):
         """The weight and the gradient set the local learning rate."""
         return p, g
 
-    def _apply(
-        self,
-        p: torch.Tensor,
-        g: torch.Tensor,
-        group: dict[str, Any],
-        wd: float,
-        inputs: tuple[torch.Tensor, torch.Tensor],
-        norm_a: torch.Tensor,
-        norm_b: torch.Tensor,
-    ) -> None:
+    def _apply(self, p: torch.Tensor, g: torch.Tensor, group: dict, wd: float, n: Norms) -> None:
         lr = group["lr"]
         local_lr: float | torch.Tensor = lr
         if wd > 0:
-            w_norm, g_norm = norm_a, norm_b
+            w_norm, g_norm = n.norm_a, n.norm_b
             trust = lr * group["lars_coeff"] * w_norm / (g_norm + wd * w_norm + group["epsilon"])
             local_lr = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.full_like(trust, lr))
         buf = self.state[p].get("momentum_buffer")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import torch
 from torch.optim import Optimizer
@@ -42,6 +42,16 @@ def check_named_group(opt_name: str, group: dict[str, Any]) -> None:
 def norm_dtype(p: torch.Tensor) -> torch.dtype | None:
     """Norms of 16-bit tensors are taken in float32."""
     return torch.float32 if p.is_floating_point() and p.element_size() < 4 else None
+
+
+class Norms(NamedTuple):
+    """A parameter's two norm inputs (``_norm_inputs``) and their norms over the whole
+    parameter."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    norm_a: torch.Tensor
+    norm_b: torch.Tensor
 
 
 NormSum = Callable[[list[torch.Tensor], torch.Tensor], torch.Tensor]
@@ -105,8 +115,8 @@ class LayerwiseOptimizer(Optimizer):
         if self.norm_sum is not None:
             squares = list(self.norm_sum([p for p, _, _ in chunk], _stacked(squares)))
         for (p, group, wd), (a, b), sq in zip(chunk, inputs, squares, strict=True):
-            norms = sq.sqrt()
-            self._apply(p, p.grad, group, wd, (a, b), norms[0], norms[1])
+            norm = sq.sqrt()
+            self._apply(p, p.grad, group, wd, Norms(a, b, norm[0], norm[1]))
 
     def _norm_inputs(
         self, p: torch.Tensor, g: torch.Tensor, group: dict[str, Any], wd: float
@@ -114,16 +124,7 @@ class LayerwiseOptimizer(Optimizer):
         """The two tensors whose norms set ``p``'s trust ratio (state may be updated here)."""
         raise NotImplementedError
 
-    def _apply(
-        self,
-        p: torch.Tensor,
-        g: torch.Tensor,
-        group: dict[str, Any],
-        wd: float,
-        inputs: tuple[torch.Tensor, torch.Tensor],
-        norm_a: torch.Tensor,
-        norm_b: torch.Tensor,
-    ) -> None:
+    def _apply(self, p: torch.Tensor, g: torch.Tensor, group: dict, wd: float, n: Norms) -> None:
         """Update ``p`` from its norm inputs and their norms over the whole parameter."""
         raise NotImplementedError
 
