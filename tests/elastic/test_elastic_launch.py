@@ -53,6 +53,13 @@ def test_a_lost_node_leaves_and_training_finishes_on_the_others(tmp_path):
 
 
 def test_a_node_that_joins_gets_the_state_and_the_next_steps_use_it(tmp_path):
+    join_at_commit_3_and_check_against_the_replay(tmp_path)
+
+
+def join_at_commit_3_and_check_against_the_replay(tmp_path, **env: object) -> None:
+    """Two nodes train; a third starts after commit 3 and joins at commit 5; the run ends on
+    3 ranks and equals a single-process replay of the committed batches. ``env``: more
+    probe settings."""
     out_file = tmp_path / "out.json"
     with local_cluster(
         tmp_path,
@@ -60,6 +67,7 @@ def test_a_node_that_joins_gets_the_state_and_the_next_steps_use_it(tmp_path):
         PROBE_OUT=out_file,
         PROBE_WAIT_FOR_WORLD="3@5",
         PROBE_SAMPLES=SAMPLES,
+        **env,
     ) as cluster:
         cluster.start()
         cluster.start()

@@ -6,12 +6,10 @@ a node lost with the only copy of its shard stops the job, naming the shard and 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.elastic._cluster import local_cluster
-from tests.elastic.test_elastic_launch import SAMPLES, _check_against_replay
+from tests.elastic.test_elastic_launch import SAMPLES, join_at_commit_3_and_check_against_the_replay
 
 pytestmark = pytest.mark.slow  # slow tier: elastic launchers that gain and lose nodes
 
@@ -20,26 +18,7 @@ pytestmark = pytest.mark.slow  # slow tier: elastic launchers that gain and lose
 def test_a_node_joining_a_sharded_job_gets_its_slices_and_training_equals_the_replay(
     tmp_path, stage
 ):
-    out_file = tmp_path / "out.json"
-    with local_cluster(
-        tmp_path,
-        "2:3",
-        PROBE_OUT=out_file,
-        PROBE_WAIT_FOR_WORLD="3@5",
-        PROBE_SAMPLES=SAMPLES,
-        PROBE_SHARDING=stage,
-    ) as cluster:
-        cluster.start()
-        cluster.start()
-        cluster.wait_for_commits(3)
-        cluster.start()
-        ends = cluster.wait()
-    assert [code for code, _ in ends] == [0, 0, 0], ends
-    assert "joined" in ends[0][1], ends[0][1][-1500:]
-    out = json.loads(out_file.read_text())
-    worlds = [w for w, _ in out["history"]]
-    assert worlds[:5] == [2] * 5 and set(worlds[5:]) == {3}, worlds
-    _check_against_replay(out)
+    join_at_commit_3_and_check_against_the_replay(tmp_path, PROBE_SHARDING=stage)
 
 
 def test_a_node_lost_with_the_only_copy_of_its_shard_stops_the_job_naming_it(tmp_path):
