@@ -167,7 +167,7 @@ def _phases(rank: int, world: int, ports: dict[str, int], ckpt: str) -> dict[str
     third rank joins; E: 1 rank loads; G: rank 2 leaves with its shard; C: 4 ranks in shard
     groups of 2 load; D: two pairs of them go on alone; F: 1 rank loads State's checkpoint."""
     import longboat as lb
-    from longboat.collective.sharding.reshard import ShardsLostError
+    from longboat.elastic.reshard import ShardsLostError
 
     out: dict[str, Any] = {}
     state = None
@@ -336,8 +336,8 @@ def test_shrinking_with_a_copy_of_every_shard_left_reshards_in_memory(runs, expe
 
 
 def test_a_shard_lost_with_its_rank_stops_the_job_naming_it(runs):
-    from longboat.collective.sharding.reshard import ShardsLostError
     from longboat.elastic.failures import is_peer_failure
+    from longboat.elastic.reshard import ShardsLostError
 
     results, _ = runs
     for r in results[:2]:

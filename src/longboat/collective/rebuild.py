@@ -43,7 +43,7 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     hooks are removed; timeline and stall inspector are attached anew (``optimizer``, the one
     ``lb.distribute`` returned, records its steps into the new timeline). Under sharding the
     sharded step is built anew for the new world's shard groups, without state:
-    ``State.sync`` reshards the state the ranks held (`longboat.collective.sharding.reshard`).
+    ``State.sync`` reshards the state the ranks held (`longboat.elastic.reshard`).
     """
     check_rebuildable(model)
     if model.plan is None:

@@ -32,7 +32,7 @@ _WHERE = {
     "schedule": "longboat.elastic.sampler",
     "MembershipChanged": "longboat.elastic.world",
     "is_elastic": "longboat.elastic.world",
-    "ShardsLostError": "longboat.collective.sharding.reshard",
+    "ShardsLostError": "longboat.elastic.reshard",
     "State": "longboat.elastic.state",
     "StateMismatchError": "longboat.elastic.state",
     "run": "longboat.elastic.run",

@@ -1,6 +1,6 @@
 """What `State` keeps, hands around and compares of an optimizer: its whole ``state_dict``, or,
 for a sharded optimizer (``Strategy(sharding=True)``), this rank's slices only, which
-``State.sync`` reshards over the new world (`longboat.collective.sharding.reshard`)."""
+``State.sync`` reshards over the new world (`longboat.elastic.reshard`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from longboat.collective.sharding.slices import (
     stateful,
     step_of,
 )
+from longboat.elastic.reshard import reshard as reshard_step
 
 
 def is_sharded(optimizer: torch.optim.Optimizer | None) -> bool:
@@ -79,10 +80,8 @@ def reshard(
 ) -> bool:
     """Collective: a sharded optimizer's state from the slices the ranks ``held`` at
     ``commits`` (None: this rank holds none); True if the optimizer is sharded."""
-    from longboat.collective.sharding.reshard import reshard as move
-
     step = step_of(optimizer)
     if step is None:
         return False
-    move(step, held, commits)
+    reshard_step(step, held, commits)
     return True

@@ -5,7 +5,7 @@ A *segment* ``(param, start, stop)`` names elements ``[start, stop)`` of trained
 ``param`` (its index in the reducer's order, elements in memory order). `local_slices` is what
 a rank holds: its pieces as segments and, per piece, the flat shaped state (Adam's moments);
 the per-rank checkpoint files (`longboat.collective.sharding.files`) and the elastic
-resharding (`longboat.collective.sharding.reshard`) both move state in this form. `assign`
+resharding (`longboat.elastic.reshard`) both move state in this form. `assign`
 says who supplies each wanted element; `fill` and `put` set the state of a (new) layout's
 pieces.
 """
