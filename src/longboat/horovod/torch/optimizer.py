@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import warnings
 import weakref
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
@@ -48,7 +46,6 @@ from longboat.collective.engine import build_reducer, live_placement
 from longboat.collective.plan import resolve
 from longboat.collective.reducer import Reducer
 from longboat.comm import algorithms
-from longboat.comm.exchange import allgather_bytes
 from longboat.horovod.torch import basics
 from longboat.horovod.torch.compression import Compression, Compressor
 from longboat.horovod.torch.negotiation import MB, ReduceOp, env_float
@@ -60,8 +57,15 @@ from longboat.horovod.torch.ops import (
     set_size,
     synchronize,
 )
+from longboat.horovod.torch.optimizer_checks import (
+    all_named,
+    check_same_everywhere,
+    checked_arguments,
+    parameter_names,
+    trainable_named,
+)
 from longboat.horovod.torch.sparse import sparse_allreduce_async
-from longboat.optim.staged import already_distributed, claim, is_distributed
+from longboat.optim.staged import claim
 from longboat.strategy import Strategy
 
 _MORE_PASSES = (
@@ -272,16 +276,18 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     if outside and process_set.included() is False:
         lone = _new_like(optimizer, _OutsideSet)
         lone.backward_passes_per_step = int(backward_passes_per_step)
-        lone._parameter_names = _parameter_names(_all_named(optimizer, named_parameters))
+        lone._parameter_names = parameter_names(all_named(optimizer, named_parameters))
         return lone
     set_size(process_set)  # ValueError for a set that is not registered
-    op = _checked(optimizer, op, gradient_predivide_factor, backward_passes_per_step, compression)
+    op = checked_arguments(
+        optimizer, op, gradient_predivide_factor, backward_passes_per_step, compression
+    )
     dopt = _new_like(optimizer, _DistributedOptimizer)
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups", DeprecationWarning, stacklevel=2)
         groups = groups or num_groups
-    every_named = _all_named(optimizer, named_parameters)
-    named = _named(optimizer, every_named)
+    every_named = all_named(optimizer, named_parameters)
+    named = trainable_named(optimizer, every_named)
     strategy = _strategy(compression)
     plan = _explicit_plan(named, groups) if groups else None
     if plan is not None:  # Horovod's groups have always run without the one-in-flight chain
@@ -308,45 +314,11 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     dopt._hvd_named, dopt._hvd_strategy, dopt._hvd_plan = named, strategy, plan
     dopt._hvd_average, dopt._hvd_process_set = op == Average, process_set
     dopt._hvd_sparse, dopt._hvd_densified = {}, {}
-    dopt._parameter_names = _parameter_names(every_named)
+    dopt._parameter_names = parameter_names(every_named)
     _live[:] = [ref for ref in _live if ref() is not None]
     _live.append(weakref.ref(dopt))
     claim(dopt, "hvd.DistributedOptimizer")  # lb.distribute would average its grads again
     return dopt
-
-
-def _checked(
-    optimizer: torch.optim.Optimizer,
-    op: ReduceOp,
-    gradient_predivide_factor: float,
-    backward_passes_per_step: int,
-    compression: type[Compressor],
-) -> ReduceOp:
-    """DistributedOptimizer's arguments refused as Horovod refuses them (and an optimizer
-    another wrapper already averages); the op as a ReduceOp."""
-    if is_distributed(optimizer):  # its gradients are averaged already: twice is refused
-        raise ValueError(
-            f"{already_distributed(optimizer)}: pass hvd.DistributedOptimizer the plain "
-            "optimizer, and use one of the two"
-        )
-    op = ReduceOp(int(op))
-    if op == ReduceOp.Adasum:
-        raise NotImplementedError(
-            "op=hvd.Adasum is not implemented in longboat.horovod; use hvd.Average or hvd.Sum"
-        )
-    if op not in (Average, Sum):
-        raise ValueError(f"DistributedOptimizer supports op=hvd.Average or hvd.Sum, got {op.name}")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    if compression not in (Compression.none, Compression.fp16):
-        raise ValueError(
-            "DistributedOptimizer supports compression=hvd.Compression.none or "
-            "hvd.Compression.fp16 (longboat's fused fp16 compressor); custom compressors work "
-            "with hvd.allreduce"
-        )
-    return op
 
 
 def live_optimizers() -> list[_DistributedOptimizer]:
@@ -360,59 +332,6 @@ def _on_grad(optimizer: Any, name: str, sparse_as_dense: bool, param: torch.Tens
     optimizer._hvd_hook(name, sparse_as_dense, param)
 
 
-def _all_named(
-    optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, Any]] | None
-) -> list[tuple[str, Any]]:
-    """``named_parameters`` as a list, or Horovod's generated names
-    ``allreduce.noname.<group>.<index>`` for every parameter of every param group."""
-    if named_parameters is not None:
-        return list(named_parameters)
-    return [
-        (f"allreduce.noname.{i}.{j}", p)
-        for i, group in enumerate(optimizer.param_groups)
-        for j, p in enumerate(group["params"])
-    ]
-
-
-def _parameter_names(named: list[tuple[str, Any]]) -> dict[torch.Tensor, str]:
-    """Horovod's ``_parameter_names``: parameter -> name, in name order."""
-    if any(not isinstance(item, tuple) for item in named):
-        return {}  # refused by _named with Horovod's message
-    return {p: n for n, p in sorted(named, key=lambda item: item[0])}
-
-
-def _named(
-    optimizer: torch.optim.Optimizer, named: list[tuple[str, Any]]
-) -> list[tuple[str, nn.Parameter]]:
-    """The optimizer's trainable parameters with their names, in model order; Horovod's errors.
-
-    ``named``: from `_all_named` (generated names when the caller gave none).
-    """
-    in_optimizer = [p for group in optimizer.param_groups for p in group["params"]]
-    if any(not isinstance(item, tuple) for item in named):
-        raise ValueError(
-            "named_parameters should be a sequence of tuples (name, parameter), usually "
-            "produced by model.named_parameters()."
-        )
-    dups = sorted(n for n, count in Counter(n for n, _ in named).items() if count > 1)
-    if dups:
-        raise ValueError(
-            "Parameter names in named_parameters must be unique. Found duplicates: "
-            + ", ".join(dups)
-        )
-    unnamed = {id(p) for p in in_optimizer} - {id(p) for _, p in named}
-    if unnamed:
-        raise ValueError(
-            "named_parameters was specified, but one or more model parameters were not "
-            "named. Python object ids: " + ", ".join(map(str, sorted(unnamed)))
-        )
-    wanted = {id(p) for p in in_optimizer}
-    chosen = [(n, p) for n, p in named if id(p) in wanted and p.requires_grad]
-    if not chosen:
-        raise ValueError("the optimizer has no parameters that require grad: nothing to reduce")
-    return chosen
-
-
 def _reducer(
     named: list[tuple[str, nn.Parameter]],
     strategy: Strategy,
@@ -424,36 +343,16 @@ def _reducer(
     number of ranks it averages over. The parameters are checked first."""
     resolved = resolve(strategy, live_placement())
     if process_set is None or process_set is global_process_set:
-        _check_same_everywhere(named)
+        check_same_everywhere(named)
         reducer, compressors = build_reducer(named, resolved, optimizer, plan)
         return reducer, compressors, basics.size()
     group = process_set.groups[2]
-    _check_same_everywhere(named, group)
+    check_same_everywhere(named, group)
     comms = ([group], [algorithms.make("native", group)])
     reducer, compressors = build_reducer(named, resolved, optimizer, plan, communicators=comms)
     world = set_size(process_set)
     reducer.world_size = world  # the core sizes it from the job; the set is smaller
     return reducer, compressors, world
-
-
-def _check_same_everywhere(named: list[tuple[str, nn.Parameter]], group: Any = None) -> None:
-    """Every rank must reduce the same names, shapes and dtypes, in the same order."""
-    mine = [[n, list(p.shape), str(p.dtype).removeprefix("torch.")] for n, p in named]
-    everyone = [json.loads(b) for b in allgather_bytes(json.dumps(mine).encode(), group)]
-    for r, theirs in enumerate(everyone[1:], start=1):
-        if theirs == everyone[0]:
-            continue
-        for a, b in zip(everyone[0], theirs, strict=False):
-            if a != b:
-                raise ValueError(
-                    f"Mismatched DistributedOptimizer parameters: rank 0 has {a[0]!r} "
-                    f"{a[1]} {a[2]}, rank {r} has {b[0]!r} {b[1]} {b[2]} at the same position. "
-                    "Every rank must build the same model and pass the same named_parameters"
-                )
-        raise ValueError(
-            f"Mismatched DistributedOptimizer parameters: rank 0 has {len(everyone[0])} "
-            f"parameters to reduce, rank {r} has {len(theirs)}"
-        )
 
 
 def _strategy(compression: type[Compressor]) -> Strategy:
