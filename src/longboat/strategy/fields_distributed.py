@@ -19,7 +19,6 @@ from longboat.strategy.configs import (
     TRAINER_DESC_CONFIGS,
 )
 from longboat.strategy.registered import algorithm_names, compressor_names
-from longboat.strategy.sparse_tables import TableConfigs
 from longboat.strategy.spec import (
     FieldSpec,
     implemented,
@@ -28,7 +27,7 @@ from longboat.strategy.spec import (
     outside_data_parallel,
     refused_when_used,
 )
-from longboat.strategy.table_views import Tables
+from longboat.strategy.table_views import TableConfigs, Tables
 from longboat.strategy.values import Bool, Choice, Config, Float, Int, OptionalPath, RegistryChoice
 
 

@@ -11,7 +11,6 @@ honour is refused, naming it and the reason.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from longboat.strategy.values import Choice, Float, Int, Rejected, ValueType, closest
@@ -145,28 +144,6 @@ REFUSED_PREFIXES: dict[str, str] = {
 for _key in ("nonclk_coeff", "click_coeff", "base_threshold", "delta_threshold",
              "delta_keep_days", "show_click_decay_rate", "delete_threshold"):  # fmt: skip
     REFUSED_KEYS[f"sparse_{_key}"] = _CTR
-
-
-@dataclass(frozen=True)
-class TableConfigs(ValueType):
-    """``{table name: {setting: value}}``, settings normalised to ``TableParameter`` paths."""
-
-    short: str = "dict[str, dict[str, value]] (table name -> settings)"
-
-    def check(self, value: Any) -> dict[str, dict[str, Any]]:
-        from longboat.strategy.table_views import Tables
-
-        if not isinstance(value, Mapping):
-            raise Rejected()
-        out = Tables()
-        for table, settings in value.items():
-            if not isinstance(table, str) or not table or not isinstance(settings, Mapping):
-                raise Rejected(f"table {table!r} needs a name and a dict of settings")
-            out[table] = normalise(table, settings)
-        return out
-
-    def plain(self, value: Any) -> dict[str, dict[str, Any]]:
-        return {t: dict(s) for t, s in value.items()}
 
 
 def fleet_desc(value: Any) -> Any:

@@ -13,10 +13,11 @@ A setting the table does not hold raises ``AttributeError`` saying why: not set 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from longboat.strategy.sparse_tables import PATHS, refusal
-from longboat.strategy.values import StrategyError
+from longboat.strategy.sparse_tables import PATHS, normalise, refusal
+from longboat.strategy.values import Rejected, StrategyError, ValueType
 
 
 class Tables(dict[Any, Any]):
@@ -79,3 +80,23 @@ class TableView:
 
 
 __all__ = ["TableView", "Tables"]
+
+
+@dataclass(frozen=True)
+class TableConfigs(ValueType):
+    """``{table name: {setting: value}}``, settings normalised to ``TableParameter`` paths."""
+
+    short: str = "dict[str, dict[str, value]] (table name -> settings)"
+
+    def check(self, value: Any) -> dict[str, dict[str, Any]]:
+        if not isinstance(value, Mapping):
+            raise Rejected()
+        out = Tables()
+        for table, settings in value.items():
+            if not isinstance(table, str) or not table or not isinstance(settings, Mapping):
+                raise Rejected(f"table {table!r} needs a name and a dict of settings")
+            out[table] = normalise(table, settings)
+        return out
+
+    def plain(self, value: Any) -> dict[str, dict[str, Any]]:
+        return {t: dict(s) for t, s in value.items()}
