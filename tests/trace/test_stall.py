@@ -219,7 +219,9 @@ def test_bucket_names_follow_an_auto_reducer_switch() -> None:
         # the tuner installs another reducer at the next forward (as AutoTuner._install does)
         reducer = SimpleNamespace(observer=None, bucket_members=lambda: new, params=[])
         old_reducer = SimpleNamespace(observer=SimpleNamespace(watch=watch), remove_hooks=lambda: 0)
-        model = SimpleNamespace(reducer=old_reducer, compressors=(), plan=None)
+        model = SimpleNamespace(
+            reducer=old_reducer, compressors=(), plan=None, settle_parameters=lambda: None
+        )
         model.replace_reducer = functools.partial(DistributedModel.replace_reducer, model)
         plan = resolve_comm(Strategy(env={}), Placement.of((0, 0), "gloo"))
         tuner = AutoTuner([plan] * 2, lambda c: (reducer, []))
