@@ -104,6 +104,11 @@ class LongboatStrategy(DDPStrategy):
         if fitting and self._layer_sync is not None:  # Trainer(sync_batchnorm=True)
             strategy = strategy.copy()  # longboat's sync BN in place of torch's (CUDA-only)
             strategy.sync_batch_norm = True
+        if strategy.sharding and strategy.sharding_configs["comm_overlap"]:
+            # Lightning's callbacks (weight averaging, loggers) read the weights between the
+            # step and the next forward: the all-gather completes them inside the step
+            strategy = strategy.copy()
+            strategy.sharding_configs = {**strategy.sharding_configs, "comm_overlap": False}
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         if fitting:
