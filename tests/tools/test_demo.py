@@ -111,3 +111,12 @@ def test_console_script_runs_demo():
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "match single-process" in proc.stdout
+
+
+def test_demo_sharding_matches_single_process_and_sends_half(capsys: pytest.CaptureFixture[str]):
+    assert main(["demo", "--epochs", "1", "--method", "sharding"]) == 0
+    out = capsys.readouterr().out
+    assert "match single-process" in out and "yes (max |diff| =" in out
+    # stage 2 reduce-scatters: 38,282 float32 gradients over 2 ranks, S·(N−1)/N = 76,564 bytes
+    # (half the allreduce's 153,128), + 32 bytes of used-parameter flags
+    assert "76,596 sent by rank 0" in out

@@ -192,10 +192,12 @@ class DistributedModel(nn.Module):
         """Gradient bytes this rank has sent so far (the difference across a step: per step).
 
         Counted by the compressors with the ring model (``2·S·(N−1)/N`` per allreduce of
-        ``S`` bytes; ``(N−1)·S`` for DGC's allgather), so compressed and plain runs compare.
+        ``S`` bytes; ``(N−1)·S`` for DGC's allgather; ``S·(d−1)/d`` for sharding stage 2's
+        reduce-scatter over ``d`` ranks), so compressed, sharded and plain runs compare.
         Call it after the step's backward (the counters are updated as buckets go out).
         """
         sent = sum(c.stats.bytes_sent for c in self.compressors)
+        sent += getattr(self.reducer, "bytes_scattered", 0)  # sharding stage 2's reduce-scatters
         if self.local_sgd is not None:  # parameter averaging instead of gradient allreduce
             from longboat.comm.compress import ring_bytes
 

@@ -2,8 +2,9 @@
 
 ``longboat demo --method NAME`` trains the demo task with one of them, and
 ``benchmarks/compression_accuracy.py`` compares all of them with ``baseline`` (accuracy and
-gradient bytes per step). Only ``baseline`` must equal single-process training exactly; the
-others change the arithmetic on purpose and are judged by accuracy.
+gradient bytes per step). The ``EXACT`` ones must equal single-process training (``sharding``
+splits the optimizer state and gradients, not the arithmetic); the others change the
+arithmetic on purpose and are judged by accuracy.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "dgc": {"dgc": True, "dgc_configs": _DGC_RAMP},
     "localsgd": {"localsgd": True, "localsgd_configs": {"k_steps": 4, "begin_step": 23}},
     "amp_bf16": {"amp": True, "amp_configs": {"dtype": "bfloat16"}},
+    "sharding": {"sharding": True, "sharding_configs": {"stage": 2}},
 }
+EXACT = ("baseline", "sharding")
+"""Methods whose parameters must equal single-process training on the same global batches."""
 
 
 def strategy_for(method: str) -> Any:

@@ -170,6 +170,7 @@ def train_rank(cfg: DemoConfig) -> dict[str, Any]:
                     advance(epoch=f"{epoch + 1}/{cfg.epochs}", loss=losses[-1])
         seconds = time.perf_counter() - start
         samples = cfg.epochs * len(sampler)
+        model.settle_parameters()  # sharding leaves the last step's gathers to a next forward
         return {
             "bytes_per_step": sent[-1] / len(sent) if sent else 0.0,
             "last_step_bytes": sent[-1] - sent[-2] if len(sent) > 1 else 0,

@@ -29,6 +29,7 @@ from longboat.collective.sharding.clip import clip_shards_
 from longboat.collective.sharding.groups import ShardGroups
 from longboat.collective.sharding.layout import ShardLayout
 from longboat.comm.algorithms import AllreduceFn, Handle
+from longboat.comm.compress import ring_bytes
 from longboat.comm.handles import wait_for
 
 WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -82,6 +83,9 @@ class ShardedReducer(Reducer):
         )
         self.groups = groups
         self.wire_dtype = wire_dtype
+        self.bytes_scattered = 0
+        """Gradient bytes this rank sent in its reduce-scatters (``S·(d−1)/d`` each, ``S`` on
+        the wire) and the sums over the replica groups (a ring allreduce of the slice)."""
         self.layout = ShardLayout.build(
             self.params, plan.buckets, [0] * len(self.params), groups.degree, groups.index
         )
@@ -107,6 +111,7 @@ class ShardedReducer(Reducer):
 
     def _collective(self, bucket: _Bucket) -> Handle:
         out = self.grad_shards[bucket.index]
+        self.bytes_scattered += self._bytes_sent(out)
         if self.wire_dtype is not None and self.wire_dtype != out.dtype:
             full = bucket.buffer.to(self.wire_dtype)
             low = torch.empty(out.numel(), dtype=self.wire_dtype, device=out.device)
@@ -115,6 +120,16 @@ class ShardedReducer(Reducer):
         if self.groups.replicas is None:
             return scatter
         return _Finish(scatter, self.groups, out, None)
+
+    def _bytes_sent(self, out: torch.Tensor) -> int:
+        """What one bucket's reduce-scatter (and replica sum) sends from this rank."""
+        size = (self.wire_dtype or out.dtype).itemsize
+        degree = self.groups.degree
+        sent = out.numel() * size * (degree - 1)
+        if self.groups.replicas is not None:
+            replicas = self.world_size // degree
+            sent += ring_bytes(out.numel() * out.element_size(), replicas)
+        return sent
 
     def _finite_flag(self) -> torch.Tensor:
         """Whether every rank's slices are finite: combined over the shard group (MIN)."""
