@@ -120,6 +120,27 @@ def _train(rank: int, stage: int, compiled: bool, overlap: bool = True) -> dict[
     }
 
 
+def _evaluated_in_inference_mode(rank: int) -> list[bool]:
+    """An evaluation under ``torch.inference_mode`` after every step (the first one learns
+    who reads what, the later ones launch gathers): finite outputs."""
+    import longboat as lb
+
+    model = _model()
+    strategy = lb.Strategy(fuse_grad_size_in_MB=0.004)
+    strategy.sharding, strategy.sharding_configs = True, {"stage": 2}
+    dmodel, dopt = lb.distribute(model, _optimizer(model), strategy)
+    x, y = _data()
+    half = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+    finite = []
+    for i in range(STEPS - 1):
+        dopt.zero_grad()
+        _loss(dmodel, x[i][half], y[i][half]).backward()
+        dopt.step()
+        with torch.inference_mode():
+            finite.append(bool(torch.isfinite(dmodel(x[i + 1][half])).all()))
+    return finite
+
+
 def _all(rank: int, world: int) -> dict[str, Any]:
     import longboat as lb
 
@@ -128,7 +149,8 @@ def _all(rank: int, world: int) -> dict[str, Any]:
         f"stage{stage}{'-compiled' if compiled else ''}": _train(rank, stage, compiled)
         for stage, compiled in ((1, False), (2, False), (1, True))
     }
-    return runs | {"stage2-in-step": _train(rank, 2, False, overlap=False)}
+    runs |= {"stage2-in-step": _train(rank, 2, False, overlap=False)}
+    return runs | {"inference": _evaluated_in_inference_mode(rank)}
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +237,8 @@ def test_load_state_dict_between_step_and_forward(runs, run):
     for r in runs:
         assert r[run]["loaded between step and forward"]
         assert r[run]["restored between step and forward"]  # an elastic rollback
+
+
+def test_an_evaluation_under_inference_mode_between_steps(runs):
+    for r in runs:
+        assert r["inference"] == [True] * (STEPS - 1)

@@ -22,6 +22,7 @@ so code that reads it some other way fails visibly instead of training on old we
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -189,7 +190,7 @@ class ParameterGather:
     def _launch(self, s: BucketShard) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Start gathering bucket ``s``'s slices (this rank's copied out of the parameters):
         ``(full buffer, this rank's slice, handle)``, the buffers kept alive until written."""
-        with torch.no_grad():
+        with _plain_tensors():
             mine = torch.empty(s.shard_numel, dtype=s.dtype, device=s.device)
             mine[s.hi - s.lo :].zero_()
             if s.pieces:
@@ -207,7 +208,9 @@ class ParameterGather:
                 p = self.params[i]
                 key = (p.dtype, p.device)
                 if key not in self._nan:
-                    self._nan[key] = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device)
+                    with _plain_tensors():
+                        nan = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device)
+                    self._nan[key] = nan
                 self._hidden[i] = p.data
                 p.data = self._nan[key].reshape([1] * p.dim()).expand(p.shape)
 
@@ -224,8 +227,17 @@ class ParameterGather:
                 dst.append(self.flat[i][lo - off : hi - off])
                 src.append(full[lo:hi])
         if dst:
-            with torch.no_grad():
+            with _plain_tensors():
                 torch._foreach_copy_(dst, src)
+
+
+def _plain_tensors() -> contextlib.ExitStack:
+    """No autograd, and normal tensors even inside an ``inference_mode`` forward: the gather
+    buffers outlive it, and the collective's thread writes into them."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.inference_mode(False))
+    stack.enter_context(torch.no_grad())
+    return stack
 
 
 def _outside(start: int, stop: int, lo: int, hi: int) -> list[tuple[int, int]]:
