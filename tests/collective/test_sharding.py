@@ -232,6 +232,18 @@ def _state_dicts(rank: int) -> dict[str, Any]:
     return {"saved": saved, "resumed": resumed}
 
 
+def _alive_after_workers_settle(refs: list[Any], patience_s: float = 5.0) -> int:
+    """How many of ``refs`` are alive once the collective worker threads have let go of the
+    job they just finished (its future is set a moment before its frame ends); a reference
+    held for good stays alive past ``patience_s``."""
+    import time
+
+    deadline = time.monotonic() + patience_s
+    while (alive := sum(r() is not None for r in refs)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return alive
+
+
 def _record_full_buckets() -> list[Any]:
     """Weak references to every full bucket stage 2 packs from now on (in this process)."""
     import weakref
@@ -288,7 +300,7 @@ def _memory(rank: int) -> dict[str, torch.Tensor]:
             F.cross_entropy(dmodel(shard(x[i], rank, WORLD)), shard(y[i], rank, WORLD)).backward()
             dopt.step()
         if stage == 2:  # the last backward's full buckets are gone after it
-            out["full buckets alive"] = torch.tensor([sum(r() is not None for r in packed)])
+            out["full buckets alive"] = torch.tensor([_alive_after_workers_settle(packed)])
         report = memory_report(dmodel, dopt)
         buckets = [b.numel() * b.element_size() for b, _ in dmodel.reducer.bucket_layouts()]
         if stage == 2:

@@ -81,6 +81,8 @@ class BackgroundAllreduce:
             except BaseException as exc:  # noqa: BLE001 - delivered to the waiter
                 if not handoff.future.done():
                     handoff.future.set_exception(exc)
+            finally:  # hold nothing of this job while waiting for the next (a full bucket)
+                del item, tensor, fn, handoff
 
 
 State = TypeVar("State", bound=Callable[[torch.Tensor], None])
