@@ -1,7 +1,9 @@
 """Sharding's collectives through shared memory: reduce-scatter, all-gather and the sum over
 replicas equal Gloo's on 4 ranks (shard groups of 4 and of 2), for float32, bfloat16, float16
 and int32, uneven sizes padded to equal slices, one piece and many; the handles wait and chain
-like Gloo's; groups spread over nodes stay on Gloo. One spawn for all."""
+like Gloo's; an all-gather straight into slices cut over many parameters gives the bucket,
+and writes nothing once its gate closes; groups spread over nodes stay on Gloo. One spawn for
+all."""
 
 from __future__ import annotations
 
@@ -105,6 +107,63 @@ def _check_all_gather(groups: Any, rank: int, tag: str) -> list[str]:
     return bad
 
 
+def _bucket_in_params(n: int, dtype: torch.dtype, groups: Any) -> tuple[torch.Tensor, list]:
+    """A bucket of ``n`` elements (the same on every rank) and this rank's parameters cut at
+    the same random points: its own slice holds the bucket's values, the rest 7."""
+    true = _inputs(n, dtype, 99, False)
+    cuts = torch.randperm(n, generator=torch.Generator().manual_seed(n))[: min(n - 1, 9)] + 1
+    bounds = [0, *sorted(int(c) for c in cuts if c < n), n]
+    m = math.ceil(n / groups.degree)
+    lo, hi = groups.index * m, min((groups.index + 1) * m, n)
+    params = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        t = torch.full((b - a,), 7, dtype=dtype)
+        s, e = max(a, lo), min(b, hi)
+        if s < e:
+            t[s - a : e - a] = true[s:e]
+        params.append((a, t))
+    return true, params
+
+
+def _placed(params: list, r: int, m: int, n: int) -> list:
+    """Rank ``r``'s slice as pieces of ``params``: ``(column in the slice, view)``."""
+    lo, hi, out = r * m, min((r + 1) * m, n), []
+    for at, t in params:
+        a, b = max(lo, at), min(hi, at + t.numel())
+        if a < b:
+            out.append((a - lo, t[a - at : b - at]))
+    return out
+
+
+def _check_placed(groups: Any, rank: int, tag: str) -> list[str]:
+    """Slices cut over many parameters gathered straight into them; a closed gate writes
+    nothing."""
+    import contextlib
+
+    from longboat.comm.handles import wait_for
+
+    bad = []
+    for dtype in DTYPES:
+        for n in SIZES:
+            for wanted in (True, False):
+                true, params = _bucket_in_params(n, dtype, groups)
+                m, me = math.ceil(n / groups.degree), groups.index
+                rows = [[] if r == me else _placed(params, r, m, n) for r in range(groups.degree)]
+                handle = groups.all_gather_placed(
+                    m, _placed(params, me, m, n), rows, lambda w=wanted: contextlib.nullcontext(w)
+                )
+                if handle is None:
+                    return [f"placed all-gather {tag}: not through shared memory"]
+                wait_for(handle)
+                got = torch.cat([t for _, t in params])
+                expected = true if wanted else _bucket_in_params(n, dtype, groups)[1]
+                if not wanted:
+                    expected = torch.cat([t for _, t in expected])
+                if not torch.equal(got, expected):
+                    bad.append(f"placed all-gather {tag} {dtype} n={n} gate open={wanted}")
+    return bad
+
+
 def _check_replicas(groups: Any, rank: int) -> list[str]:
     from longboat.comm.handles import wait_for
 
@@ -183,6 +242,7 @@ def _all(rank: int, world: int) -> dict[str, Any]:
         for g, tag in ((groups, "whole"), (pieces, "pieces")):
             out["bad"] += _check_reduce_scatter(g, rank, tag)
             out["bad"] += _check_all_gather(g, rank, tag)
+            out["bad"] += _check_placed(g, rank, tag)
         out["bad"] += _check_handles(groups, rank)
         if groups.replicas is not None:
             out["bad"] += _check_replicas(groups, rank)

@@ -242,3 +242,37 @@ def test_load_state_dict_between_step_and_forward(runs, run):
 def test_an_evaluation_under_inference_mode_between_steps(runs):
     for r in runs:
         assert r["inference"] == [True] * (STEPS - 1)
+
+
+def test_gathers_dropped_while_in_flight_write_nothing_into_the_parameters():
+    """An elastic rollback drops gathers still running on the collective's thread: the gate
+    it writes through closes, so none of their slices lands on the restored parameters."""
+    from longboat.collective.sharding.gather import ParameterGather
+    from longboat.collective.sharding.layout import ShardLayout
+    from longboat.comm.handles import FutureHandle
+
+    model = nn.Linear(4, 4)
+    params = list(model.parameters())
+    layout = ShardLayout.build(params, [[0, 1]], [0, 0], 2, 0)
+    launched: list[Any] = []
+
+    class Groups:  # rank 0 of 2, through shared memory; the gather never completes here
+        degree, index, shard_shm = 2, 0, object()
+
+        def all_gather_placed(self, numel: int, mine: Any, rows: Any, gate: Any) -> Any:
+            launched.append((rows, gate))
+            return FutureHandle(torch.futures.Future())
+
+    gather = ParameterGather(layout.buckets, params, [p.detach().view(-1) for p in params], Groups())
+    gather.watch(model)
+    model(torch.zeros(1, 4))  # learns who reads what: the next step leaves the gather pending
+    before = [p.detach().clone() for p in params]
+    gather.after_step()
+    ((rows, gate),) = launched
+    assert [t.numel() for _, t in rows[1]] == [6, 4]  # rank 1's slice: the weight's end, bias
+    with gate() as wanted:
+        assert wanted and model.weight.isnan().all()  # in flight: written, and hidden
+    gather.discard()
+    with gate() as wanted:
+        assert not wanted
+    assert all(torch.equal(p, b) for p, b in zip(params, before, strict=True))

@@ -1,8 +1,11 @@
 """The all-gather of updated parameters after a sharded step, overlapped with the next forward.
 
 After the sharded step each rank holds the new values of its own slice of every bucket only.
-`ParameterGather` all-gathers the slices bucket by bucket (at most ``window`` buckets in flight,
-each needing a full-bucket buffer) and writes the other ranks' slices into the parameters.
+`ParameterGather` all-gathers the slices bucket by bucket (at most ``window`` buckets in flight)
+and writes the other ranks' slices into the parameters. Through shared memory (ranks of one
+CPU node) the slices go from the parameters to the segments and from the segments into the
+parameters, with no buffer; elsewhere each bucket in flight needs a full-bucket buffer, whose
+other ranks' slices are copied into the parameters.
 
 Once `watch` has learnt from one forward of an eager module who reads which parameter
 (`longboat.collective.sharding.readers`), ``after_step`` only launches the first gathers. A
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +37,7 @@ from torch.utils.hooks import RemovableHandle
 from longboat.collective.sharding.groups import ShardGroups
 from longboat.collective.sharding.layout import BucketShard
 from longboat.collective.sharding.readers import ReadersProfile
+from longboat.comm.algorithms.shm import Placed
 from longboat.comm.handles import wait_for
 
 GATHER_WINDOW = 2
@@ -57,7 +62,9 @@ class ParameterGather:
         self._bucket_of = {i: s.index for s in buckets for i, _ in s.members}
         self.order: list[int] = [s.index for s in buckets]  # forward order, once profiled
         self._queue: collections.deque[int] = collections.deque()  # not launched yet
-        self._flight: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}  # not written
+        self._flight: dict[int, tuple[torch.Tensor | None, Any, Any]] = {}  # not written
+        self._gate = WriteGate()  # closed (and replaced) when the pending gathers are dropped
+        self._placed: dict[int, tuple[list[Placed], list[list[Placed]]] | None] = {}
         self._hooks: list[RemovableHandle] = []
         self._root: nn.Module | None = None
         self._profile: ReadersProfile | None = None
@@ -108,6 +115,8 @@ class ParameterGather:
         """Forget the pending gathers without waiting for them (their world is gone: the
         parameters are about to be replaced) and remove the hooks; hidden parameters get
         their own storage back, whose other ranks' slices hold the last step's values."""
+        self._gate.close()  # a gather still running writes nothing into the parameters now
+        self._gate = WriteGate()
         self._queue.clear()
         self._flight.clear()
         for i, data in self._hidden.items():
@@ -187,9 +196,18 @@ class ParameterGather:
             self._write(self.buckets[b], full, handle)
         self._top_up()
 
-    def _launch(self, s: BucketShard) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """Start gathering bucket ``s``'s slices (this rank's copied out of the parameters):
-        ``(full buffer, this rank's slice, handle)``, the buffers kept alive until written."""
+    def _launch(self, s: BucketShard) -> tuple[torch.Tensor | None, Any, Any]:
+        """Start gathering bucket ``s``'s slices: ``(full buffer, this rank's slice,
+        handle)``, the buffers kept alive until written; none when the slices go straight
+        between the parameters and shared memory."""
+        if s.index not in self._placed:
+            self._placed[s.index] = self._place(s)
+        placed = self._placed[s.index]
+        if placed is not None:
+            handle = self.groups.all_gather_placed(s.shard_numel, *placed, self._gate.writing)
+            if handle is not None:
+                return None, None, handle
+            self._placed[s.index] = None  # shm does not take these tensors: buffers from now
         with _plain_tensors():
             mine = torch.empty(s.shard_numel, dtype=s.dtype, device=s.device)
             mine[s.hi - s.lo :].zero_()
@@ -200,6 +218,23 @@ class ParameterGather:
                 )
             full = torch.empty(s.shard_numel * self.groups.degree, dtype=s.dtype, device=s.device)
         return full, mine, self.groups.all_gather(full, mine)
+
+    def _place(self, s: BucketShard) -> tuple[list[Placed], list[list[Placed]]] | None:
+        """Bucket ``s``'s slices as pieces of the parameters: this rank's, and where each
+        rank's go (none of this rank's: they are in place). None without shared memory."""
+        if self.groups.shard_shm is None:
+            return None
+        size, me = s.shard_numel, self.groups.index
+        rows: list[list[Placed]] = []
+        for r in range(self.groups.degree):
+            lo, row = r * size, []
+            for i, off in s.members:
+                a, b = max(lo, off), min(lo + size, off + self.flat[i].numel())
+                if a < b and r != me:
+                    row.append((a - lo, self.flat[i][a - off : b - off]))
+            rows.append(row)
+        mine = [(p.at, self.flat[p.param][p.start : p.stop]) for p in s.pieces]
+        return mine, rows
 
     def _hide(self, s: BucketShard) -> None:
         """Hide the parameters of ``s`` that other ranks' slices update (see the module doc)."""
@@ -214,12 +249,15 @@ class ParameterGather:
                 self._hidden[i] = p.data
                 p.data = self._nan[key].reshape([1] * p.dim()).expand(p.shape)
 
-    def _write(self, shard: BucketShard, full: torch.Tensor, handle: Any) -> None:
-        """The other ranks' slices into the parameters (this rank's are there already)."""
+    def _write(self, shard: BucketShard, full: torch.Tensor | None, handle: Any) -> None:
+        """The other ranks' slices into the parameters (this rank's are there already; with
+        no buffer, the gather wrote them)."""
+        wait_for(handle)  # the copies below (or the parameters, unhidden) read what it wrote
         for i, _ in shard.members:
             if i in self._hidden:
                 self.params[i].data = self._hidden.pop(i)
-        wait_for(handle)  # the copies below read the gathered buffer
+        if full is None:
+            return
         dst, src = [], []
         for i, off in shard.members:
             numel = self.flat[i].numel()
@@ -229,6 +267,25 @@ class ParameterGather:
         if dst:
             with _plain_tensors():
                 torch._foreach_copy_(dst, src)
+
+
+class WriteGate:
+    """Lets the collective's thread write gathered slices into the parameters until closed;
+    `close` waits for a write under way, so none lands after it returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = True
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[bool]:
+        """Held around one write; yields whether to write."""
+        with self._lock:
+            yield self._open
+
+    def close(self) -> None:
+        with self._lock:
+            self._open = False
 
 
 def _plain_tensors() -> contextlib.ExitStack:
