@@ -247,7 +247,25 @@ def _all(rank: int, world: int) -> dict[str, Any]:
         if groups.replicas is not None:
             out["bad"] += _check_replicas(groups, rank)
     out["nodes"] = _spread_over_nodes(rank)
+    out["after shutdown"] = _left_after_shutdown(groups)
     return out
+
+
+def _left_after_shutdown(groups: Any) -> dict[str, int]:
+    """The shm workers and this rank's segments that outlive ``lb.shutdown()``."""
+    import threading
+
+    import longboat as lb
+    from longboat.comm.shm_segment import shm_dir
+
+    prefix = groups.shard_shm.comm.prefix
+    mine = [p for p in shm_dir().iterdir() if p.name.startswith(prefix)]
+    lb.shutdown()
+    return {
+        "segments before": len(mine),
+        "segments": sum(p.exists() for p in mine),
+        "workers": sum(t.name == "longboat-shm" and t.is_alive() for t in threading.enumerate()),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +280,14 @@ def test_collectives_equal_gloos(runs):
 
 def test_shared_memory_is_used_on_one_node(runs):
     assert all(r["shm"] == {WORLD: (True, False), 2: (True, True)} for r in runs)
+
+
+def test_shutdown_stops_the_shm_workers_and_removes_the_segments(runs):
+    """An elastic world change (``lb.shutdown``, ``lb.init``) leaves no worker or segment of
+    the old world behind."""
+    for result in runs:
+        assert result["after shutdown"]["segments before"] > 0
+        assert result["after shutdown"] == {**result["after shutdown"], "segments": 0, "workers": 0}
 
 
 def test_groups_spread_over_nodes_stay_on_gloo(runs):
