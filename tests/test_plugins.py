@@ -1,10 +1,12 @@
 """A toy allreduce algorithm and a toy compressor, registered outside src/ (tests/_toy_plugins.py),
-are accepted by the Strategy, used by lb.distribute on 2 Gloo ranks and listed in the docs."""
+are accepted by the Strategy, used by lb.distribute on 2 Gloo ranks and listed in the docs;
+built-ins are exactly the modules of a package."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from longboat.registry import ALGORITHMS, COMPRESSORS
+from longboat.registry import ALGORITHMS, COMPRESSORS, Registry, package_modules
 from longboat.strategy import Strategy, StrategyError, reference_markdown
 from tests._dist import run_ranks
 
@@ -131,24 +133,70 @@ def test_distribute_uses_the_toys_and_trains_like_one_process(tmp_path: Path) ->
         assert len(algorithm_calls) >= len(compressed)
 
 
-def test_a_lookup_during_the_builtin_import_waits_for_it() -> None:
+def _builtin_registries() -> list[Registry]:
+    from longboat.comm.algorithms import hierarchical
+    from longboat.ps.trainer import modes
+
+    return [ALGORITHMS, COMPRESSORS, hierarchical._INTRA, modes._MODES]
+
+
+@pytest.mark.parametrize("registry", _builtin_registries(), ids=lambda r: r.kind)
+def test_builtins_are_exactly_the_modules_of_the_package_folder(registry: Registry) -> None:
+    """A registry imports every module of its package's folder and no list of its own, and
+    each built-in entry comes from one of them: a new built-in is one file in that folder."""
+    assert registry.package is not None
+    folder = Path(importlib.import_module(registry.package).__path__[0])
+    found = sorted(
+        f"{registry.package}.{p.stem if p.suffix == '.py' else p.name}"
+        for p in folder.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    )
+    assert package_modules(registry.package) == found
+    registry.names()  # loads the built-ins
+    assert set(found) <= set(sys.modules)
+    builtin = [e for e in registry.entries() if e.factory.__module__.startswith("longboat.")]
+    assert builtin and {e.factory.__module__ for e in builtin} <= {registry.package, *found}
+
+
+def test_a_lookup_during_the_builtin_import_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Threads (PS trainers started in-process) may look a name up while another thread is
     still importing the built-in entries: they must wait, not see a half-filled registry."""
     import threading
-    import time
 
-    from longboat.registry import Registry
-
-    started = threading.Event()
-    registry: Registry = Registry("thing", lambda: (started.set(), time.sleep(0.2), load()))
-
-    def load() -> None:
-        registry.register("builtin")(lambda: None)
+    package = tmp_path / "slow_builtins"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        textwrap.dedent(
+            """
+            import threading
+            from longboat.registry import Registry
+            STARTED = threading.Event()
+            REGISTRY = Registry("thing", __name__)
+            """
+        )
+    )
+    (package / "builtin.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+            from slow_builtins import REGISTRY, STARTED
+            STARTED.set()
+            time.sleep(0.2)
+            REGISTRY.register("builtin")(lambda: None)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("slow_builtins", "slow_builtins.builtin"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    slow = importlib.import_module("slow_builtins")
 
     seen: list[list[str]] = []
-    first = threading.Thread(target=lambda: seen.append(registry.names()))
+    first = threading.Thread(target=lambda: seen.append(slow.REGISTRY.names()))
     first.start()
-    started.wait(5)
-    seen.append(registry.names())  # while the first thread is still loading
+    slow.STARTED.wait(5)
+    seen.append(slow.REGISTRY.names())  # while the first thread is still loading
     first.join(5)
     assert seen == [["builtin"], ["builtin"]]

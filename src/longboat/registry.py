@@ -1,15 +1,19 @@
 """Tables of named, declared factories: the single source of the names, config keys, defaults
-and traits of pluggable pieces (allreduce algorithms, intra-node stages, gradient compressors).
+and traits of pluggable pieces (allreduce algorithms, intra-node stages, gradient compressors,
+parameter-server modes).
 
-The Strategy validates its fields against :data:`ALGORITHMS` and :data:`COMPRESSORS`, the
-collective engine builds from them and ``docs/strategy.md`` lists them, so adding one is a
-module with one ``register`` call. This module imports neither torch nor the Strategy.
+The Strategy validates its fields against :data:`ALGORITHMS` and :data:`COMPRESSORS` and the
+collective engine builds from them. A registry's built-in entries are the ``register`` calls of
+the modules in its package's folder, every one of which it imports on first lookup
+(:func:`package_modules`), so a built-in is one module dropped into that folder and nothing
+else. This module imports neither torch nor the Strategy.
 """
 
 from __future__ import annotations
 
 import importlib
 import itertools
+import pkgutil
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -32,7 +36,8 @@ class ConfigKeys(Protocol):
 
 TOPOLOGIES = ("any", "many_ranks", "one_node", "multi_node")
 """Where an algorithm is worth trying automatically: anywhere, on more than two ranks, on one
-node with several ranks, across nodes with several ranks on a node."""
+node with several ranks, across nodes with several ranks on a node. Also the order in which the
+automatic choice tries algorithms (:func:`auto_candidates`): the most general first."""
 
 _versions = itertools.count(1)
 
@@ -84,14 +89,16 @@ class Entry(Generic[F]):
 class Registry(Generic[F]):
     """``register(name, ...)`` decorates a factory; ``get(name)`` returns it or names the choices.
 
-    ``load_builtin`` (optional) imports the modules that register the built-in entries, on
-    first lookup, so importing the package stays cheap.
+    ``package`` (optional): the package whose modules register the built-in entries; the first
+    lookup imports every module of its folder (:func:`package_modules`), so importing the
+    package stays cheap and a new built-in is a new module there.
     """
 
-    def __init__(self, kind: str, load_builtin: Callable[[], None] | None = None):
+    def __init__(self, kind: str, package: str | None = None):
         self.kind = kind
-        self._load_builtin = load_builtin
-        self._loaded = load_builtin is None
+        self.package = package
+        self._load_builtin = None if package is None else lambda: _import_all(package)
+        self._loaded = package is None
         self._loading = threading.RLock()
         self._entries: dict[str, Entry[F]] = {}
         self._version = next(_versions)
@@ -166,12 +173,12 @@ class Registry(Generic[F]):
         return sorted(self._entries)
 
     def entries(self) -> list[Entry[F]]:
-        """Every entry, in registration order."""
+        """Every entry, by name (never by the order in which modules happened to import)."""
         self._load()
-        return list(self._entries.values())
+        return [self._entries[name] for name in sorted(self._entries)]
 
     def having(self, trait: str) -> list[str]:
-        """Names of the entries whose ``trait`` is set (e.g. ``"cost"``), registration order."""
+        """Names of the entries whose ``trait`` is set (e.g. ``"cost"``), by name."""
         return [e.name for e in self.entries() if getattr(e, trait)]
 
     def __contains__(self, name: object) -> bool:
@@ -206,31 +213,35 @@ class Registry(Generic[F]):
                     self._loaded = True
 
 
-def importer(*modules: str) -> Callable[[], None]:
-    """A registry's ``load_builtin``: import ``modules``, whose decorators register the
-    built-in entries (the one way built-ins are loaded)."""
-
-    def load() -> None:
-        for module in modules:
-            importlib.import_module(module)
-
-    return load
+def package_modules(package: str) -> list[str]:
+    """Every module of ``package``'s folder (sub-packages included), by name: what a registry
+    of that package imports for its built-in entries."""
+    path = importlib.import_module(package).__path__
+    return [f"{package}.{name}" for name in sorted(m.name for m in pkgutil.iter_modules(path))]
 
 
-ALGORITHMS: Registry[Callable] = Registry(
-    "allreduce algorithm",
-    importer(
-        *(
-            f"longboat.comm.algorithms.{m}"
-            for m in ("native", "ring", "shm", "hierarchical", "auto", "topology")
-        )
-    ),
-)
+def _import_all(package: str) -> None:
+    for module in package_modules(package):
+        importlib.import_module(module)
+
+
+ALGORITHMS: Registry[Callable] = Registry("allreduce algorithm", "longboat.comm.algorithms")
 """Allreduce algorithms ``make(group) -> AllreduceFn``: ``Strategy.allreduce_algorithm``."""
 
-COMPRESSORS: Registry[Callable] = Registry(
-    "gradient compressor",
-    importer(*(f"longboat.comm.compress.{m}" for m in ("cast", "powersgd", "dgc"))),
-)
+COMPRESSORS: Registry[Callable] = Registry("gradient compressor", "longboat.comm.compress")
 """Gradient compressors ``(inner, group, config) -> AllreduceFn``:
 ``Strategy.gradient_compression`` (or their ``switch`` field) and ``<name>_configs``."""
+
+
+def auto_candidates(ranks: int, nodes: int) -> list[Entry[Callable]]:
+    """The allreduce algorithms the automatic choice tries on ``ranks`` ranks over ``nodes``
+    nodes (the ``auto`` algorithm, ``Strategy(auto=True)``, ``longboat sim``): those whose
+    declared topologies suit the group, ordered by the earliest of :data:`TOPOLOGIES` each
+    declares, then by name. A tie keeps the first, so the more general algorithm wins it
+    ("native", declared for "any", comes first)."""
+
+    def rank(entry: Entry[Callable]) -> tuple[int, str]:
+        return min(TOPOLOGIES.index(t) for t in entry.topologies), entry.name
+
+    suited = [e for e in ALGORITHMS.entries() if suits(e.topologies, ranks, nodes)]
+    return sorted(suited, key=rank)

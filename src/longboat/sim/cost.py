@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable
 
 from longboat.comm.algorithms import Parts
-from longboat.registry import ALGORITHMS, suits
+from longboat.registry import ALGORITHMS, auto_candidates
 from longboat.sim import nccl
 from longboat.sim.cluster import Cluster
 
@@ -229,15 +229,12 @@ def allgather(nbytes_per_rank: float, cluster: Cluster) -> Parts:
 
 
 def candidates(cluster: Cluster) -> list[str]:
-    """The algorithms ``allreduce_algorithm='auto'`` would try on ``cluster`` (those whose
-    declared topologies suit it, as `longboat.comm.algorithms.auto` chooses) that have a cost
-    model applying to it, in registration order."""
+    """The algorithms ``allreduce_algorithm='auto'`` would try on ``cluster``
+    (`longboat.registry.auto_candidates`, in its order) that have a cost model applying to it."""
     return [
         e.name
-        for e in ALGORITHMS.entries()
-        if e.cost is not None
-        and suits(e.topologies, cluster.world, cluster.nodes)
-        and applicable(e.name, cluster)
+        for e in auto_candidates(cluster.world, cluster.nodes)
+        if e.cost is not None and applicable(e.name, cluster)
     ]
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from longboat.comm.algorithms import AllreduceFn, Handle, make, register
 from longboat.comm.exchange import control_device
 from longboat.log import get_logger
-from longboat.registry import ALGORITHMS, suits
+from longboat.registry import auto_candidates
 
 log = get_logger("longboat.comm")
 
@@ -27,14 +27,14 @@ _REPEATS = 3
 
 
 def candidates(group: dist.ProcessGroup) -> list[str]:
-    """Registered algorithms whose declared topologies suit ``group``'s placement, in
-    registration order ("native" first)."""
+    """Registered algorithms whose declared topologies suit ``group``'s placement, in the
+    order of `longboat.registry.auto_candidates` ("native" first: it wins a tie)."""
     import longboat.cluster as cluster
 
     topo = cluster.topology()
     ranks = [dist.get_global_rank(group, i) for i in range(dist.get_world_size(group))]
     nodes = {topo.node_of[r] for r in ranks}
-    return [e.name for e in ALGORITHMS.entries() if suits(e.topologies, len(ranks), len(nodes))]
+    return [e.name for e in auto_candidates(len(ranks), len(nodes))]
 
 
 def _time(fn: AllreduceFn, tensor: torch.Tensor, group: dist.ProcessGroup) -> float:

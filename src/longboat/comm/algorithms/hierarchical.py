@@ -33,7 +33,7 @@ from longboat.comm.algorithms import AllreduceFn, Network, Parts, register
 from longboat.comm.algorithms.ring import check_dtype, run_flat
 from longboat.comm.background import AsyncAllreduce
 from longboat.comm.handles import wait_for
-from longboat.registry import Registry, importer
+from longboat.registry import Registry
 
 INTER_NRANKS_FIELD = "hierarchical_allreduce_inter_nranks"
 
@@ -79,9 +79,8 @@ class IntraNode(ABC):
 
 
 IntraNodeFactory = Callable[[dist.ProcessGroup], IntraNode]
-_INTRA: Registry[IntraNodeFactory] = Registry(
-    "intra-node stage", importer("longboat.comm.algorithms.shm_intra")
-)
+# built-in stages: "torch" below and any other module of this folder that registers one
+_INTRA: Registry[IntraNodeFactory] = Registry("intra-node stage", "longboat.comm.algorithms")
 register_intra_node = _INTRA.register  # decorator: selectable as the intra-node stage ``name``
 
 

@@ -22,7 +22,6 @@ folder), never touching the engine::
 from __future__ import annotations
 
 import contextlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -32,7 +31,7 @@ import torch
 from longboat.ps.trainer.config import PSConfig
 from longboat.ps.trainer.params import DenseParams, wait_all
 from longboat.ps.trainer.sparse import SparseLookups
-from longboat.registry import Registry, importer
+from longboat.registry import Registry
 
 __all__ = ["Mode", "ModeContext", "get", "names", "register", "wait_all"]
 
@@ -87,10 +86,7 @@ class Mode:
 
 
 # the built-in modes: every module of this folder (a new one is one file here, nothing else)
-_MODES: Registry[type[Mode]] = Registry(
-    "parameter-server mode",
-    importer(*(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__))),
-)
+_MODES: Registry[type[Mode]] = Registry("parameter-server mode", __name__)
 register = _MODES.register  # class decorator: selectable as PSConfig.mode = name
 names = _MODES.names
 get = _MODES.get
