@@ -1,6 +1,6 @@
 """A toy allreduce algorithm and a toy compressor, registered outside src/ (tests/_toy_plugins.py),
-are accepted by the Strategy, used by lb.distribute on 2 Gloo ranks and listed in the docs;
-built-ins are exactly the modules of a package."""
+are accepted by the Strategy, used by lb.distribute on 2 Gloo ranks and listed with the plug-ins
+(the committed reference stays as it is); built-ins are exactly the modules of a package."""
 
 from __future__ import annotations
 
@@ -18,7 +18,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from longboat.registry import ALGORITHMS, COMPRESSORS, Registry, package_modules
-from longboat.strategy import Strategy, StrategyError, reference_markdown
+from longboat.strategy import (
+    FIELDS,
+    Strategy,
+    StrategyError,
+    plugins_markdown,
+    reference_markdown,
+)
 from tests._dist import run_ranks
 
 WORLD = 2
@@ -66,8 +72,16 @@ def test_unregistered_after_the_fixture() -> None:
     assert "toy_identity_configs" not in Strategy(env={}).to_dict()
 
 
-def test_generated_docs_list_the_toys(toys: ModuleType) -> None:
-    text = reference_markdown()
+def test_registered_plugins_leave_the_committed_reference_current(toys: ModuleType) -> None:
+    """A new algorithm or compressor (its config field included) is one module: the generated
+    reference of docs/strategy.md does not change with it."""
+    assert f"{toys.COMPRESSOR}_configs" in FIELDS
+    docs = Path(__file__).resolve().parents[1] / "docs" / "strategy.md"
+    assert reference_markdown() in docs.read_text(encoding="utf-8")
+
+
+def test_the_plugin_listing_shows_the_toys(toys: ModuleType) -> None:
+    text = plugins_markdown()
     assert (
         "| `toy_allreduce` | never | yes | no | The backend's allreduce, counting each call. |"
         in text

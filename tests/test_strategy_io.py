@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
-from longboat.strategy import FIELDS, KNOWN_ENV_VARS, Strategy, StrategyError, reference_markdown
+from longboat.strategy import (
+    FIELDS,
+    KNOWN_ENV_VARS,
+    Strategy,
+    StrategyError,
+    plugins_markdown,
+    reference_markdown,
+)
 from longboat.strategy.__main__ import main as strategy_main
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "strategy.md"
@@ -335,18 +342,27 @@ def test_docs_contain_the_generated_reference() -> None:
     )
 
 
-def test_generated_reference_lists_every_field_and_config_key() -> None:
-    text = reference_markdown()
-    for name, spec in FIELDS.items():
-        assert f"| `{name}` | {spec.group} |" in text
-        if spec.is_config:
-            for key in spec.default:
-                assert f"| `{name}` | `{key}` |" in text
+def test_every_field_and_config_key_is_in_the_reference_or_the_plugin_listing() -> None:
+    """Declared fields are in the committed reference, the registries' fields (compressor
+    settings) in the live listing of the plug-ins, and no field in both."""
+    for specs, text, other in (
+        (FIELDS.static, reference_markdown(), plugins_markdown()),
+        (FIELDS.registered, plugins_markdown(), reference_markdown()),
+    ):
+        for spec in specs:
+            assert f"| `{spec.name}` | {spec.group} |" in text
+            assert f"| `{spec.name}` | {spec.group} |" not in other
+            if spec.is_config:
+                for key in spec.default:
+                    assert f"| `{spec.name}` | `{key}` |" in text
+    assert {s.name for s in FIELDS.static} | {s.name for s in FIELDS.registered} == set(FIELDS)
 
 
-def test_cli_markdown(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_markdown_and_plugins(capsys: pytest.CaptureFixture[str]) -> None:
     assert strategy_main(["--markdown"]) == 0
     assert capsys.readouterr().out == reference_markdown()
+    assert strategy_main(["--plugins"]) == 0
+    assert capsys.readouterr().out == plugins_markdown()
 
 
 def test_cli_prints_strategy_from_config(

@@ -21,7 +21,7 @@ from longboat.strategy.core import (
     fields_by_status,
 )
 from longboat.strategy.fields import FIELDS
-from longboat.strategy.render import reference_markdown
+from longboat.strategy.render import plugins_markdown, reference_markdown
 from longboat.strategy.spec import Conflict, FieldSpec, Status
 from longboat.strategy.values import StrategyError, UnknownFieldError
 
@@ -40,5 +40,6 @@ __all__ = [
     "UnknownFieldError",
     "field_spec",
     "fields_by_status",
+    "plugins_markdown",
     "reference_markdown",
 ]

@@ -1,4 +1,5 @@
-"""``python -m longboat.strategy``: print the effective strategy or the generated field reference."""
+"""``python -m longboat.strategy``: print the effective strategy, the generated field reference
+or the registered plug-ins."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 from pathlib import Path
 
 from longboat.strategy.core import Strategy
-from longboat.strategy.render import reference_markdown, replace_generated
+from longboat.strategy.render import plugins_markdown, reference_markdown, replace_generated
 from longboat.strategy.values import StrategyError
 
 
@@ -15,12 +16,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m longboat.strategy", description=__doc__)
     parser.add_argument("--markdown", action="store_true", help="print the field reference")
     parser.add_argument(
+        "--plugins",
+        action="store_true",
+        help="print the registered allreduce algorithms and gradient compressors",
+    )
+    parser.add_argument(
         "--write-docs", metavar="PATH", help="refresh the generated block of a markdown file"
     )
     parser.add_argument("--config", metavar="PATH", help="load a .yaml/.json strategy first")
     args = parser.parse_args(argv)
     if args.markdown:
         sys.stdout.write(reference_markdown())
+        return 0
+    if args.plugins:
+        sys.stdout.write(plugins_markdown())
         return 0
     if args.write_docs:
         path = Path(args.write_docs)

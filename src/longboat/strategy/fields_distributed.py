@@ -135,7 +135,7 @@ DISTRIBUTED_FIELDS: tuple[FieldSpec, ...] = (
         RegistryChoice(algorithm_names),
         "topology",
         "how gradient buckets are allreduced: a registered allreduce algorithm (see "
-        "'Allreduce algorithms' below); topology (the default) picks from where the ranks run: "
+        "'Plug-ins' below); topology (the default) picks from where the ranks run: "
         "shm on one node (CPU), hierarchical across nodes of several ranks each (CPU), the "
         "backend's own (native) on NCCL and with one rank per node; auto picks per bucket size "
         "by a start-up measurement",
@@ -359,7 +359,7 @@ DISTRIBUTED_FIELDS: tuple[FieldSpec, ...] = (
         RegistryChoice(compressor_names),
         "none",
         "how gradient buckets are compressed for the allreduce: a registered gradient "
-        "compressor (see 'Gradient compressors' below), 'none' for no compression",
+        "compressor (see 'Plug-ins' below), 'none' for no compression",
         implemented("fp16_allreduce=True is the same as 'fp16'; DGC is selected by dgc=True"),
     ),
     FieldSpec(

@@ -45,7 +45,8 @@ def config_field(entry: Entry) -> FieldSpec:
 
 
 def _table(static: tuple[FieldSpec, ...]) -> MappingProxyType[str, FieldSpec]:
-    """``static`` with each compressor's config field after its selecting field."""
+    """``static`` with each compressor's config field after its selecting field (several
+    after one field: by compressor name)."""
     after: dict[str, list[FieldSpec]] = {}
     for entry in COMPRESSORS.entries():
         if entry.config is not None:
@@ -87,3 +88,9 @@ class FieldTable(Mapping[str, FieldSpec]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._current()
+
+    @property
+    def registered(self) -> tuple[FieldSpec, ...]:
+        """The fields the registries add (each compressor's ``<name>_configs``), table order."""
+        declared = {spec.name for spec in self.static}
+        return tuple(s for s in self._current().values() if s.name not in declared)

@@ -1,5 +1,6 @@
-"""Text renderings derived from the field table and the registries: the printed table and the
-markdown reference."""
+"""Text renderings derived from the field table and the registries: the printed table, the
+markdown reference of docs/strategy.md (what ``fields_*.py`` declare: it changes with a field,
+never with a plug-in) and the live listing of the registered plug-ins."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from longboat.registry import ALGORITHMS, COMPRESSORS
 from longboat.strategy.conflicts import CONFLICTS
 from longboat.strategy.fields import FIELDS
 from longboat.strategy.registered import COMPRESSION_FIELD
-from longboat.strategy.spec import GROUPS
-from longboat.strategy.values import Config, SubConfig
+from longboat.strategy.spec import GROUPS, FieldSpec
+from longboat.strategy.values import Config, RegistryChoice, SubConfig, ValueType
 
 ALL_DEFAULTS = "all fields at their defaults"
 TABLE_WIDTH = 110
@@ -61,17 +62,23 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]
     return lines
 
 
-def field_markdown() -> str:
-    """Markdown table of every field: group, type, default, status, meaning, env variable."""
+def _type(vtype: ValueType | Config) -> str:
+    """A field's type as the reference states it: a registry's names are listed live."""
+    return "str (a registered name)" if isinstance(vtype, RegistryChoice) else vtype.short
+
+
+def field_markdown(specs: Sequence[FieldSpec] = FIELDS.static) -> str:
+    """Markdown table of ``specs`` (the declared fields): group, type, default, status,
+    meaning, env variable."""
     rows = []
     for group in GROUPS:
-        for spec in (s for s in FIELDS.values() if s.group == group):
+        for spec in (s for s in specs if s.group == group):
             default = "see config keys" if spec.is_config else _code(spec.default)
             rows.append(
                 (
                     f"`{spec.name}`",
                     group,
-                    spec.type.short,
+                    _type(spec.type),
                     default,
                     spec.status_text(),
                     spec.doc,
@@ -82,10 +89,10 @@ def field_markdown() -> str:
     return "\n".join(_md_table(header, rows)) + "\n"
 
 
-def config_markdown() -> str:
-    """Markdown table of every key of every ``*_configs`` field."""
+def config_markdown(specs: Sequence[FieldSpec] = FIELDS.static) -> str:
+    """Markdown table of every key of every ``*_configs`` field of ``specs``."""
     rows = []
-    for spec in FIELDS.values():
+    for spec in specs:
         if not isinstance(spec.type, Config):
             continue
         for key in spec.type.keys:
@@ -118,7 +125,7 @@ def algorithm_markdown() -> str:
             "yes" if e.broadcast else "no",
             e.doc,
         )
-        for e in sorted(ALGORITHMS.entries(), key=lambda e: e.name)
+        for e in ALGORITHMS.entries()
     ]
     header = ("Algorithm", "Automatic choice on", "Tuned by auto", "Start-up broadcast", "Meaning")
     return "\n".join(_md_table(header, rows)) + "\n"
@@ -134,7 +141,7 @@ def compressor_markdown() -> str:
             f"`{e.name}_configs`" if e.config is not None else "none",
             e.doc,
         )
-        for e in sorted(COMPRESSORS.entries(), key=lambda e: e.name)
+        for e in COMPRESSORS.entries()
     ]
     header = ("Compressor", "Selected by", "Lossy", "Config", "Meaning")
     return "\n".join(_md_table(header, rows)) + "\n"
@@ -148,7 +155,7 @@ def conflict_markdown() -> str:
 
 def agreement_markdown() -> str:
     """Which fields must be the same on every rank (checked by ``lb.distribute``)."""
-    local = ", ".join(f"`{s.name}`" for s in FIELDS.values() if s.per_rank)
+    local = ", ".join(f"`{s.name}`" for s in FIELDS.static if s.per_rank)
     return (
         "`lb.distribute` compares every field across ranks before any gradient is exchanged "
         "and raises the same error on every rank, naming each field that differs and each "
@@ -156,6 +163,17 @@ def agreement_markdown() -> str:
         f"{local}.\n"
     )
 
+
+PLUGINS_TEXT = (
+    "Allreduce algorithms (`allreduce_algorithm`), gradient compressors "
+    "(`gradient_compression`, or a compressor's own switch such as `dgc`) and the "
+    "`<name>_configs` field of each compressor that declares settings (such as `dgc_configs`) "
+    "come from the registries, not from the tables above: adding one is a module, and this "
+    "page stays as it is. `python -m longboat.strategy --plugins` prints the registered ones "
+    "with their declarations, fields and keys; the error on a wrong name lists them. "
+    "[algorithms.md](algorithms.md) and [compression.md](compression.md) describe the built-in "
+    "ones.\n"
+)
 
 BEGIN_MARK = "<!-- BEGIN GENERATED: python -m longboat.strategy --markdown -->"
 END_MARK = "<!-- END GENERATED -->"
@@ -173,12 +191,9 @@ def reference_markdown() -> str:
             "### Config keys",
             "",
             config_markdown(),
-            "### Allreduce algorithms",
+            "### Plug-ins",
             "",
-            algorithm_markdown(),
-            "### Gradient compressors",
-            "",
-            compressor_markdown(),
+            PLUGINS_TEXT,
             "### Conflicts",
             "",
             conflict_markdown(),
@@ -187,6 +202,26 @@ def reference_markdown() -> str:
             agreement_markdown(),
             END_MARK,
             "",
+        ]
+    )
+
+
+def plugins_markdown() -> str:
+    """The registered allreduce algorithms and gradient compressors, and the compressors'
+    ``<name>_configs`` fields and keys, as registered now (``--plugins``)."""
+    added = FIELDS.registered
+    return "\n".join(
+        [
+            "### Allreduce algorithms",
+            "",
+            algorithm_markdown(),
+            "### Gradient compressors",
+            "",
+            compressor_markdown(),
+            "### Compressor settings",
+            "",
+            field_markdown(added),
+            config_markdown(added),
         ]
     )
 
