@@ -38,7 +38,8 @@ def worker(out: str, model: str, fields_json: str) -> None:
     import torch
 
     import longboat as lb
-    from longboat.tools.bench.train import MODELS, Config, System, _batches, _round
+    from longboat.tools.bench.train_models import MODELS
+    from longboat.tools.bench.train_rank import Config, System, _batches, _round
 
     lb.init()
     torch.set_num_threads(1)
