@@ -63,3 +63,20 @@ def test_kvstore_trainer_refuses_what_lb_distribute_refuses() -> None:
         kvstore.Trainer(model.parameters(), wrapped, kvstore.create("local"))
     ok = torch.optim.SGD(model.parameters(), lr=0.1)
     assert kvstore.Trainer(model.parameters(), ok, kvstore.create("local")).update_on_kvstore
+
+
+def test_the_optimizer_only_door_checks_what_lb_distribute_checks() -> None:
+    """hvd.DistributedOptimizer reaches the reducer through dispatch.enter_reducer: an
+    optimizer holding parameters it was not given, or a parameter-server Strategy, is
+    refused before anything is started."""
+    from longboat.dispatch import enter_reducer
+
+    net, head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    named = list(net.named_parameters())
+    optimizer = torch.optim.SGD([*net.parameters(), *head.parameters()], lr=0.1)
+    with pytest.raises(ForeignParameterError, match="hvd.DistributedOptimizer"):
+        enter_reducer(named, optimizer, lb.Strategy(), "hvd.DistributedOptimizer")
+    own = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="collectively"):
+        enter_reducer(named, own, lb.Strategy(mode="ps"), "hvd.DistributedOptimizer")
+    assert not lb.is_initialized()

@@ -51,3 +51,31 @@ def enter(
         session.init(strategy)
 
     return collective_distribute(model, optimizer, strategy)
+
+
+def enter_reducer(
+    named: list[tuple[str, nn.Parameter]],
+    optimizer: torch.optim.Optimizer,
+    strategy: Strategy,
+    door: str,
+    *,
+    again: bool = False,
+    **reducer_options: Any,
+) -> tuple[Any, list[Any]]:
+    """The door of an optimizer-only facade (``hvd.DistributedOptimizer``: no model, only the
+    parameters it names): `enter`'s checks (an optimizer already distributed, or holding
+    parameters outside ``named``, is refused; collective mode only; the cluster started), then
+    the collective engine's reducer over ``named`` and its compressors
+    (`longboat.collective.engine.build_reducer`, which takes ``reducer_options``). ``again``:
+    the facade's own optimizer moves to a new world (elastic): it was admitted when built."""
+    if not again:
+        admit([p for _, p in named], optimizer, door)
+    if strategy.mode == "ps":
+        raise ValueError(f"{door} averages gradients collectively: use Strategy(mode='collective')")
+    if not cluster.is_initialized():
+        session.init(strategy)
+    from longboat.collective.engine import build_reducer, live_placement
+    from longboat.collective.plan import resolve
+
+    plan = resolve(strategy, live_placement())
+    return build_reducer(named, plan, optimizer, **reducer_options)

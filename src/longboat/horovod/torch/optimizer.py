@@ -1,7 +1,8 @@
 """``hvd.DistributedOptimizer``: Horovod's optimizer wrapper on longboat's gradient reducer.
 
 Gradients are averaged by the same :class:`~longboat.collective.reducer.Reducer` that
-``lb.distribute`` installs, built by the core's ``build_reducer``: per-parameter hooks fill
+``lb.distribute`` installs, built through the same door (``longboat.dispatch.enter_reducer``):
+per-parameter hooks fill
 fused buckets (``fuse_grad_size_in_MB``, or ``HOROVOD_FUSION_THRESHOLD`` bytes; 0 turns fusion
 off) that are allreduced asynchronously while backward goes on, on ``nccl_comm_num``
 communicators, optionally as float16 (``compression=hvd.Compression.fp16``: the core's fp16
@@ -42,10 +43,9 @@ import torch
 from torch import nn
 
 from longboat.collective.buckets import BucketPlan
-from longboat.collective.engine import build_reducer, live_placement
-from longboat.collective.plan import resolve
 from longboat.collective.reducer import Reducer
 from longboat.comm import algorithms
+from longboat.dispatch import enter_reducer
 from longboat.horovod.torch import basics
 from longboat.horovod.torch.compression import Compression, Compressor
 from longboat.horovod.torch.negotiation import MB, ReduceOp, env_float
@@ -175,7 +175,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         self._hvd_reducer.remove_hooks()
         reducer, compressors, world = _reducer(
-            self._hvd_named, self._hvd_strategy, self, self._hvd_plan, self._hvd_process_set
+            self._hvd_named,
+            self._hvd_strategy,
+            self,
+            self._hvd_plan,
+            self._hvd_process_set,
+            again=True,
         )
         self._hvd_reducer, self._hvd_compressors = reducer, compressors
         self._hvd_divisor = float(world if self._hvd_average else 1)
@@ -338,18 +343,25 @@ def _reducer(
     optimizer: Any,
     plan: BucketPlan | None,
     process_set: ProcessSet | None,
+    *,
+    again: bool = False,
 ) -> tuple[Reducer, list[Any], int]:
     """The core reducer over every rank, or over ``process_set``'s gradient group; with the
-    number of ranks it averages over. The parameters are checked first."""
-    resolved = resolve(strategy, live_placement())
+    number of ranks it averages over. The parameters are checked first. ``again``: an
+    elastic rebuild of ``optimizer``'s own reducer."""
+    door = "hvd.DistributedOptimizer"
     if process_set is None or process_set is global_process_set:
         check_same_everywhere(named)
-        reducer, compressors = build_reducer(named, resolved, optimizer, plan)
+        reducer, compressors = enter_reducer(
+            named, optimizer, strategy, door, again=again, buckets=plan
+        )
         return reducer, compressors, basics.size()
     group = process_set.groups[2]
     check_same_everywhere(named, group)
     comms = ([group], [algorithms.make("native", group)])
-    reducer, compressors = build_reducer(named, resolved, optimizer, plan, communicators=comms)
+    reducer, compressors = enter_reducer(
+        named, optimizer, strategy, door, again=again, buckets=plan, communicators=comms
+    )
     world = set_size(process_set)
     reducer.world_size = world  # the core sizes it from the job; the set is smaller
     return reducer, compressors, world
