@@ -40,6 +40,7 @@ class _State:
 _state: _State | None = None  # see `_current`
 _startup = Startup()  # the last one `init` was handed: a re-init in this process reuses it
 _shutdown_hooks: list[Callable[[], None]] = []
+_group_end_hooks: list[Callable[[], None]] = []
 
 
 def _current() -> _State | None:
@@ -57,6 +58,15 @@ def on_shutdown(hook: Callable[[], None]) -> Callable[[], None]:
     """
     if hook not in _shutdown_hooks:
         _shutdown_hooks.append(hook)
+    return hook
+
+
+def on_group_end(hook: Callable[[], None]) -> Callable[[], None]:
+    """Run ``hook`` when `shutdown` destroys the process group `init` created (once; latest
+    first, after the `on_shutdown` hooks): for what runs collectives on it, such as worker
+    threads and shared-memory segments. A group `init` adopted (Lightning's) outlives
+    `shutdown`, and so does what was built on it: its hooks are dropped, not run."""
+    _group_end_hooks.append(hook)
     return hook
 
 
@@ -376,14 +386,23 @@ def shutdown() -> None:
 
     First the hooks registered with `on_shutdown` run (latest first): each module forgets
     what it kept for this process group (stall watches, observers, Horovod's negotiation).
+    Then, if the group is longboat's to destroy, those of `on_group_end` (its collectives'
+    workers and segments).
     """
     global _state
     state, _state = _state, None
-    while _shutdown_hooks:
-        hook = _shutdown_hooks.pop()
+    _run_hooks(_shutdown_hooks)
+    if state is not None and state.owns_group and dist.is_initialized():
+        _run_hooks(_group_end_hooks)
+        dist.destroy_process_group()
+    _group_end_hooks.clear()  # an adopted group lives on, with what runs on it
+
+
+def _run_hooks(hooks: list[Callable[[], None]]) -> None:
+    """Pop and run every hook, latest first."""
+    while hooks:
+        hook = hooks.pop()
         try:
             hook()
         except Exception:  # one failing reset must not keep the others (or the group) alive
             _log.exception("error while shutting down %s", getattr(hook, "__qualname__", hook))
-    if state is not None and state.owns_group and dist.is_initialized():
-        dist.destroy_process_group()

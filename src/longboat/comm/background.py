@@ -10,8 +10,9 @@ On a GPU the worker runs on a side stream that waits for the caller's stream at 
 and the future it completes carries that stream's event (`longboat.comm.streams`): a waiter's
 stream is ordered after the work, not merely after the worker returned on the host.
 
-A worker belongs to the process group it was built on: ``lb.shutdown()`` (an elastic world
-change included) stops it, as the interpreter's exit does.
+A worker belongs to the process group it was built on: ``lb.shutdown()`` destroying the group
+``lb.init`` created (an elastic world change included) stops it, as the interpreter's exit
+does.
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ from typing import Generic, TypeVar
 import torch
 from torch.futures import Future
 
-from longboat.cluster.runtime import on_shutdown
+from longboat.cluster.runtime import on_group_end
 from longboat.comm.handles import FutureHandle
 from longboat.comm.streams import Handoff, WorkerStreams
 
 _STOP = object()
 #: a worker still alive when the interpreter exits aborts the process ("terminate called
 #: without an active exception"): every live one is stopped at exit, whoever forgot to, and
-#: at ``lb.shutdown()``, whose process group it ran on; one stuck in a collective with a peer
-#: that never joins is left behind after this long
+#: when ``lb.shutdown()`` destroys the process group it ran on; one stuck in a collective with
+#: a peer that never joins is left behind after this long
 _EXIT_JOIN_S = 5.0
 _LIVE: weakref.WeakSet[BackgroundAllreduce] = weakref.WeakSet()
 
@@ -56,7 +57,7 @@ class BackgroundAllreduce:
         self._thread = threading.Thread(target=self._run, name=f"longboat-{name}", daemon=True)
         self._thread.start()
         _LIVE.add(self)
-        on_shutdown(self._stop_at_shutdown)
+        on_group_end(self._stop_at_shutdown)
 
     def __call__(
         self, tensor: torch.Tensor, fn: Callable[[torch.Tensor], None] | None = None

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from longboat.cluster import job_timeout, on_shutdown
+from longboat.cluster import job_timeout, on_group_end
 from longboat.comm.exchange import control_device
 from longboat.comm.shm_segment import (
     NAME_PREFIX,
@@ -347,8 +347,8 @@ def check_one_node(group: dist.ProcessGroup, ranks: list[int], device: torch.dev
         )
 
 
-# ---- exit hooks: every live ShmGroup unlinks its segment at lb.shutdown() and at exit, also
-# in multiprocessing children
+# ---- exit hooks: every live ShmGroup unlinks its segment when lb.shutdown() destroys its
+# process group and at exit, also in multiprocessing children
 _LIVE: weakref.WeakSet[ShmGroup] = weakref.WeakSet()
 _HOOKED = threading.Lock()
 _hooked = False
@@ -358,7 +358,7 @@ def _track(comm: ShmGroup) -> None:
     global _hooked
     with _HOOKED:
         _LIVE.add(comm)
-        on_shutdown(_closer(comm))  # its process group ends there: so do its segments
+        on_group_end(_closer(comm))  # its process group ends there: so do its segments
         if not _hooked:
             atexit.register(_close_all)
             multiprocessing.util.Finalize(None, _close_all, exitpriority=100)
