@@ -141,6 +141,7 @@ def _check_placed(groups: Any, rank: int, tag: str) -> list[str]:
     import contextlib
 
     from longboat.comm.handles import wait_for
+    from longboat.comm.placed import PlacedSlices
 
     bad = []
     for dtype in DTYPES:
@@ -149,9 +150,10 @@ def _check_placed(groups: Any, rank: int, tag: str) -> list[str]:
                 true, params = _bucket_in_params(n, dtype, groups)
                 m, me = math.ceil(n / groups.degree), groups.index
                 rows = [[] if r == me else _placed(params, r, m, n) for r in range(groups.degree)]
-                handle = groups.all_gather_placed(
+                slices = PlacedSlices(
                     m, _placed(params, me, m, n), rows, lambda w=wanted: contextlib.nullcontext(w)
                 )
+                handle = groups.all_gather_placed(slices)
                 if handle is None:
                     return [f"placed all-gather {tag}: not through shared memory"]
                 wait_for(handle)

@@ -259,8 +259,8 @@ def test_gathers_dropped_while_in_flight_write_nothing_into_the_parameters():
     class Groups:  # rank 0 of 2, through shared memory; the gather never completes here
         degree, index, shard_shm = 2, 0, object()
 
-        def all_gather_placed(self, numel: int, mine: Any, rows: Any, gate: Any) -> Any:
-            launched.append((rows, gate))
+        def all_gather_placed(self, slices: Any) -> Any:
+            launched.append((slices.rows, slices.gate))
             return FutureHandle(torch.futures.Future())
 
     gather = ParameterGather(layout.buckets, params, [p.detach().view(-1) for p in params], Groups())

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -37,8 +38,8 @@ from torch.utils.hooks import RemovableHandle
 from longboat.collective.sharding.groups import ShardGroups
 from longboat.collective.sharding.layout import BucketShard
 from longboat.collective.sharding.readers import ReadersProfile
-from longboat.comm.algorithms.shm import Placed
 from longboat.comm.handles import wait_for
+from longboat.comm.placed import Placed, PlacedSlices
 
 GATHER_WINDOW = 2
 """Buckets whose all-gather is in flight at once (each needs a full-bucket buffer)."""
@@ -64,7 +65,7 @@ class ParameterGather:
         self._queue: collections.deque[int] = collections.deque()  # not launched yet
         self._flight: dict[int, tuple[torch.Tensor | None, Any, Any]] = {}  # not written
         self._gate = WriteGate()  # closed (and replaced) when the pending gathers are dropped
-        self._placed: dict[int, tuple[list[Placed], list[list[Placed]]] | None] = {}
+        self._placed: dict[int, PlacedSlices | None] = {}
         self._hooks: list[RemovableHandle] = []
         self._root: nn.Module | None = None
         self._profile: ReadersProfile | None = None
@@ -204,7 +205,9 @@ class ParameterGather:
             self._placed[s.index] = self._place(s)
         placed = self._placed[s.index]
         if placed is not None:
-            handle = self.groups.all_gather_placed(s.shard_numel, *placed, self._gate.writing)
+            handle = self.groups.all_gather_placed(
+                dataclasses.replace(placed, gate=self._gate.writing)
+            )
             if handle is not None:
                 return None, None, handle
             self._placed[s.index] = None  # shm does not take these tensors: buffers from now
@@ -219,7 +222,7 @@ class ParameterGather:
             full = torch.empty(s.shard_numel * self.groups.degree, dtype=s.dtype, device=s.device)
         return full, mine, self.groups.all_gather(full, mine)
 
-    def _place(self, s: BucketShard) -> tuple[list[Placed], list[list[Placed]]] | None:
+    def _place(self, s: BucketShard) -> PlacedSlices | None:
         """Bucket ``s``'s slices as pieces of the parameters: this rank's, and where each
         rank's go (none of this rank's: they are in place). None without shared memory."""
         if self.groups.shard_shm is None:
@@ -234,7 +237,7 @@ class ParameterGather:
                     row.append((a - lo, self.flat[i][a - off : b - off]))
             rows.append(row)
         mine = [(p.at, self.flat[p.param][p.start : p.stop]) for p in s.pieces]
-        return mine, rows
+        return PlacedSlices(size, mine, rows)
 
     def _hide(self, s: BucketShard) -> None:
         """Hide the parameters of ``s`` that other ranks' slices update (see the module doc)."""

@@ -10,7 +10,6 @@ of a group spread over nodes or on NCCL.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,15 +17,9 @@ import torch.distributed as dist
 
 from longboat import cluster
 from longboat.comm.algorithms import Handle
-from longboat.comm.algorithms.shm import (
-    SUPPORTED,
-    Gate,
-    Placed,
-    ShmAllreduce,
-    ShmComm,
-    check_one_node,
-)
+from longboat.comm.algorithms.shm import SUPPORTED, ShmAllreduce, ShmComm, check_one_node
 from longboat.comm.handles import FutureHandle
+from longboat.comm.placed import PlacedSlices
 from longboat.comm.shm_segment import shm_dir
 
 # torch 2.13 renamed the flat-tensor collectives; both names work on Gloo and NCCL
@@ -80,20 +73,13 @@ class ShardGroups:
             return self.shard_shm.all_gather(full, shard)
         return _all_gather(full, shard, group=self.shard, async_op=True)
 
-    def all_gather_placed(
-        self,
-        numel: int,
-        mine: Sequence[Placed],
-        rows: Sequence[Sequence[Placed]],
-        gate: Gate | None = None,
-    ) -> Handle | None:
-        """Start gathering slices of ``numel`` elements that live in pieces straight into
-        their places (`ShmComm.all_gather_placed`), or None where only `all_gather` applies
-        (no shared memory for this group, or a tensor shm cannot take)."""
-        pieces = [t for _, t in mine] + [t for row in rows for _, t in row]
-        if self.shard_shm is None or not _fits(*pieces):
+    def all_gather_placed(self, slices: PlacedSlices) -> Handle | None:
+        """Start gathering slices that live in pieces straight into their places
+        (`ShmComm.all_gather_placed`), or None where only `all_gather` applies (no shared
+        memory for this group, or a tensor shm cannot take)."""
+        if self.shard_shm is None or not _fits(*slices.tensors()):
             return None
-        return self.shard_shm.all_gather_placed(numel, mine, rows, gate)
+        return self.shard_shm.all_gather_placed(slices)
 
     def sum_over_replicas(self, tensor: torch.Tensor) -> Handle | None:
         """Start summing ``tensor`` over the ranks that own the same slices; None if alone."""

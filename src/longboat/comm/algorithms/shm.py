@@ -13,8 +13,8 @@ additions on memory every rank maps, synchronised by sequence numbers in each ra
 
 A reduce-scatter is a scatter into the output (one barrier); an all-gather writes r's chunk to
 its input area, ``written = k``, waits, and collects from the input areas (one barrier). Its
-slices may live in pieces (`ShmComm.all_gather_placed`): each piece is copied straight to or
-from the segments, with no contiguous buffer on either side. An
+slices may live in pieces (`ShmComm.all_gather_placed`, `longboat.comm.placed`): each piece is
+copied straight to or from the segments, with no contiguous buffer on either side. An
 allreduce of a small tensor sums every input whole (one barrier); a large one, per piece of at
 most ``piece_bytes``, scatters into r's result area, ``reduced = k``, waits until every
 ``reduced >= k``, and collects from the result areas (two barriers). A reduce-scatter or
@@ -28,9 +28,8 @@ rank order, so results are deterministic and bitwise identical on every rank.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 
 import torch
@@ -39,6 +38,7 @@ import torch.distributed as dist
 from longboat.comm.algorithms import AllreduceFn, Done, Network, Parts, register
 from longboat.comm.background import BackgroundAllreduce
 from longboat.comm.handles import FutureHandle
+from longboat.comm.placed import PlacedSlices
 from longboat.comm.shm_group import (
     PIECE_BYTES,
     SMALL_BYTES,
@@ -69,12 +69,6 @@ __all__ = [
 
 Op = Callable[[torch.Tensor, torch.Tensor], None]
 """One piece of a reduce-scatter: ``(rows, part)``."""
-Placed = tuple[int, torch.Tensor]
-"""Elements of a slice that live apart: ``(column, flat contiguous tensor)``, the tensor holding
-the slice's columns ``[column, column + numel)``."""
-Gate = Callable[[], contextlib.AbstractContextManager[bool]]
-"""Entered around every write into a placed all-gather's destinations; yields False once the
-caller no longer wants them written (nothing is written then)."""
 
 
 @lru_cache(maxsize=256)
@@ -120,46 +114,22 @@ class ShmComm(ShmGroup):
         """Every rank's ``mine`` into its slice of ``full`` (slices in rank order, as torch's
         ``all_gather_into_tensor``); ``mine`` may be this rank's slice of ``full``."""
         rows = self._rows(full, mine)
-        mine = mine.detach().view(-1)
-        self.all_gather_placed(mine.numel(), [(0, mine)], [[(0, row)] for row in rows])
+        self.all_gather_placed(PlacedSlices.whole(rows, mine.detach().view(-1)))
 
-    def all_gather_placed(
-        self,
-        numel: int,
-        mine: Sequence[Placed],
-        rows: Sequence[Sequence[Placed]],
-        gate: Gate | None = None,
-    ) -> None:
-        """All-gather of slices of ``numel`` elements kept in pieces: ``mine`` holds this
-        rank's elements at their columns, ``rows[r]`` says where rank ``r``'s elements go
-        (this rank's own included). Columns no piece of ``mine`` names are not sent; those of
-        ``rows`` are not written (padding). ``gate``: see `Gate`."""
-        dtype = self.check_placed(numel, mine, rows)
-        if numel == 0:
+    def all_gather_placed(self, slices: PlacedSlices) -> None:
+        """Every rank's elements into their places, as ``slices`` lays them out."""
+        dtype = self.check_placed(slices)
+        if slices.numel == 0:
             return
         if self.size == 1:
-            self._place(rows[0], mine, 0, numel, gate)
+            slices.place_own(0, 0, slices.numel)
             return
-        self._guarded(self._op_all_gather, numel, dtype, mine, rows, gate)
+        self._guarded(self._op_all_gather, slices, dtype)
 
-    def check_placed(
-        self, numel: int, mine: Sequence[Placed], rows: Sequence[Sequence[Placed]]
-    ) -> torch.dtype:
-        """ValueError unless the pieces are flat contiguous CPU tensors of one dtype inside
-        ``[0, numel)``, with one row per rank; returns their dtype."""
-        pieces = [*mine, *(p for row in rows for p in row)]
-        dtype = pieces[0][1].dtype if pieces else torch.float32
+    def check_placed(self, slices: PlacedSlices) -> torch.dtype:
+        """``slices.check`` for this group, and a dtype it takes; their dtype."""
+        dtype = slices.check(self.size)
         self._checked(dtype)
-        if len(rows) != self.size:
-            raise ValueError(f"shm all-gather: {len(rows)} rows for {self.size} ranks")
-        for col, t in pieces:
-            if t.dtype != dtype or t.device.type != "cpu" or t.dim() != 1:
-                raise ValueError("shm all-gather pieces are flat CPU tensors of one dtype")
-            if not t.is_contiguous() or col < 0 or col + t.numel() > numel:
-                raise ValueError(
-                    f"shm all-gather: a piece of {t.numel()} elements at column {col} is not "
-                    f"contiguous inside a slice of {numel}"
-                )
         return dtype
 
     def _rows(self, full: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
@@ -219,44 +189,18 @@ class ShmComm(ShmGroup):
         """My row of every rank's ``rows`` summed into ``out``: one barrier."""
         self._scatter(list(rows.unbind(0)), out)
 
-    def _op_all_gather(
-        self,
-        numel: int,
-        dtype: torch.dtype,
-        mine: Sequence[Placed],
-        rows: Sequence[Sequence[Placed]],
-        gate: Gate | None,
-    ) -> None:
+    def _op_all_gather(self, slices: PlacedSlices, dtype: torch.dtype) -> None:
         """Per piece of columns: this rank's elements into its input area, then every rank's
         into their places: one barrier each."""
-        for cols in self._columns(numel, dtype.itemsize):
+        for cols in self._columns(slices.numel, dtype.itemsize):
             width = cols.stop - cols.start
             k, area = self._begin(width * dtype.itemsize)
-            staged = self._segs[self.rank].area(area, dtype, width)
-            _copy(*_clipped(mine, cols, staged, into_area=True))
+            slices.send(cols, self._segs[self.rank].area(area, dtype, width))
             self._publish(SLOT_WRITTEN, k)
-            self._place(rows[self.rank], mine, cols.start, cols.stop, gate)  # while peers catch up
+            slices.place_own(self.rank, cols.start, cols.stop)  # while the peers catch up
             self._wait_all(SLOT_WRITTEN, k, "written")
             for r in self._peers():
-                area_r = self._segs[r].area(area, dtype, width)
-                with _entered(gate) as wanted:
-                    if wanted:
-                        _copy(*_clipped(rows[r], cols, area_r, into_area=False))
-
-    def _place(
-        self,
-        row: Sequence[Placed],
-        mine: Sequence[Placed],
-        start: int,
-        stop: int,
-        gate: Gate | None,
-    ) -> None:
-        """Columns ``[start, stop)`` of this rank's own elements into their places in ``row``."""
-        for col, t in mine:
-            own = _clipped(row, slice(max(start, col), min(stop, col + t.numel())), t, col=col)
-            with _entered(gate) as wanted:
-                if wanted:
-                    _copy(*own)
+                slices.receive(r, cols, self._segs[r].area(area, dtype, width))
 
     # ---- the halves --------------------------------------------------------------------------
     def _scatter(
@@ -297,37 +241,6 @@ class ShmComm(ShmGroup):
             parts[r].copy_(self._segs[r].area(area, parts[r].dtype, parts[r].numel()))
 
 
-def _clipped(
-    placed: Sequence[Placed],
-    cols: slice,
-    area: torch.Tensor,
-    *,
-    into_area: bool = False,
-    col: int | None = None,
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """``(destinations, sources)`` of the copies between the pieces' columns in ``cols`` and
-    ``area``, which holds columns ``[cols.start, ...)`` (``col``: from ``col`` on instead);
-    into the area or out of it."""
-    base = cols.start if col is None else col
-    dst, src = [], []
-    for at, t in placed:
-        a, b = max(at, cols.start), min(at + t.numel(), cols.stop)
-        if a < b:
-            piece, window = t[a - at : b - at], area[a - base : b - base]
-            dst.append(window if into_area else piece)
-            src.append(piece if into_area else window)
-    return dst, src
-
-
-def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    if dst:
-        torch._foreach_copy_(dst, src)
-
-
-def _entered(gate: Gate | None) -> contextlib.AbstractContextManager[bool]:
-    return gate() if gate is not None else contextlib.nullcontext(True)
-
-
 def _sum_into(out: torch.Tensor, inputs: list[torch.Tensor]) -> None:
     """``out = inputs[0] + inputs[1] + ...`` in that order (``out`` aliases none of them)."""
     torch.add(inputs[0], inputs[1], out=out)
@@ -353,19 +266,11 @@ class ShmAllreduce(BackgroundAllreduce):
         self.comm._rows(full, mine)
         return FutureHandle(self(full, lambda f: self.comm.all_gather(f, mine)))
 
-    def all_gather_placed(
-        self,
-        numel: int,
-        mine: Sequence[Placed],
-        rows: Sequence[Sequence[Placed]],
-        gate: Gate | None = None,
-    ) -> FutureHandle:
+    def all_gather_placed(self, slices: PlacedSlices) -> FutureHandle:
         """Start `ShmComm.all_gather_placed`; the handle's future holds an empty tensor."""
-        self.comm.check_placed(numel, mine, rows)  # a bad argument raises here
+        self.comm.check_placed(slices)  # a bad argument raises here, in the caller's thread
         done = torch.empty(0)
-        return FutureHandle(
-            self(done, lambda _: self.comm.all_gather_placed(numel, mine, rows, gate))
-        )
+        return FutureHandle(self(done, lambda _: self.comm.all_gather_placed(slices)))
 
     def close(self, timeout: float | None = None) -> None:
         """Finish queued work, stop the worker, remove this rank's segment."""
