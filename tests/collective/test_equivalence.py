@@ -121,7 +121,11 @@ def _all_configs(rank: int, world: int) -> dict[str, dict[str, torch.Tensor]]:
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+@pytest.fixture(
+    scope="module",
+    params=[2, pytest.param(4, marks=pytest.mark.slow)],  # 4 ranks: slow tier
+    ids=["2ranks", "4ranks"],
+)
 def runs(request):
     world = request.param
     return world, run_ranks(_all_configs, world, timeout=600)

@@ -131,7 +131,7 @@ def _train_default(rank: int, world: int, ranks_per_node: int) -> dict[str, Any]
     ("world", "ranks_per_node", "expected"),
     [
         (2, 2, ["shm", 32.0, 1]),
-        (4, 2, ["hierarchical", 2.0, 2]),
+        pytest.param(4, 2, ["hierarchical", 2.0, 2], marks=pytest.mark.slow),  # 4 ranks
         (2, 1, ["native", 2.0, 2]),
     ],
     ids=["1node-x2", "2nodes-x2", "2nodes-x1"],

@@ -116,6 +116,7 @@ def _subgroups(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.slow  # slow tier: another spawn of 3 ranks
 def test_one_node_of_three_and_groups_smaller_than_the_world() -> None:
     results = run_ranks(_subgroups, 5, timeout=120)
     assert results[4] == {}

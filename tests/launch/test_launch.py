@@ -67,6 +67,7 @@ def test_failed_rank_stops_the_group_and_is_named(tmp_path, action, expected):
     assert not (tmp_path / "survived0.json").exists()
 
 
+@pytest.mark.slow  # slow tier: two whole launches
 def test_two_launches_at_once_on_default_ports(tmp_path):
     dirs = [tmp_path / "a", tmp_path / "b"]
     procs = []
@@ -233,6 +234,7 @@ def test_a_hung_rank_is_named_first_with_where_it_hangs(tmp_path):
     assert any("failure_probe.py" in line and "in <module>" in line for line in stack), stack
 
 
+@pytest.mark.slow  # slow tier: a stalled launch
 def test_stall_report_is_shown_even_far_from_the_end_of_the_log(tmp_path):
     done = run_launcher(
         tmp_path,

@@ -292,6 +292,7 @@ def test_killed_trainer_is_dropped_and_the_other_finishes(
     assert not _drops(caplog, 0)
 
 
+@pytest.mark.slow  # slow tier: a trainer killed and restarted
 def test_restarted_trainer_rejoins_and_both_end_alike(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

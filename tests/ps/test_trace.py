@@ -160,6 +160,7 @@ def test_late_push_warns_naming_server_method_step_and_keys(tmp_path: Path) -> N
     assert not [w for w in warned[1] if "pull of step 1" in w]  # trainer 1 did not wait
 
 
+@pytest.mark.slow  # slow tier: a stalled job ended by its timeout
 def test_stall_shutdown_exits_with_stall_code() -> None:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env["OMP_NUM_THREADS"] = "1"

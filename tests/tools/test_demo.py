@@ -88,6 +88,7 @@ def test_demo_matches_single_process(capsys: pytest.CaptureFixture[str]):
     assert "test accuracy" in out
 
 
+@pytest.mark.slow  # slow tier: another whole demo run
 def test_demo_method_reports_compressed_bytes(capsys: pytest.CaptureFixture[str]):
     assert main(["demo", "--epochs", "2", "--method", "bf16_allreduce"]) == 0
     out = capsys.readouterr().out
@@ -113,6 +114,7 @@ def test_console_script_runs_demo():
     assert "match single-process" in proc.stdout
 
 
+@pytest.mark.slow  # slow tier: another whole demo run
 def test_demo_sharding_matches_single_process_and_sends_half(capsys: pytest.CaptureFixture[str]):
     assert main(["demo", "--epochs", "1", "--method", "sharding"]) == 0
     out = capsys.readouterr().out

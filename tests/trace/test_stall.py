@@ -165,6 +165,7 @@ def _named_waits(rank: int, world_size: int, flags: str) -> list[str]:
     return records
 
 
+@pytest.mark.slow  # slow tier: three more stalled jobs
 def test_barrier_sync_bn_and_local_sgd_waits_are_named(tmp_path: Path) -> None:
     warned = run_ranks(_named_waits, 2, str(tmp_path), timeout=120)
     assert [w for w in warned[1] if not w.startswith("--")] == []  # rank 1 never waited
