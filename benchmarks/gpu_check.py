@@ -106,6 +106,8 @@ SYNCS: dict[str, tuple[dict[str, Any], int]] = {
     "sync batch norm": ({"sync_batch_norm": True}, 0),
     "amp float16 (overflow decision)": ({"amp": True, "amp_configs": {"dtype": "float16"}}, 1),
     "find_unused_parameters": ({"find_unused_parameters": True}, 1),
+    "sharding stage 1": ({"sharding": True, "sharding_configs": {"stage": 1}}, 0),
+    "sharding stage 2": ({"sharding": True, "sharding_configs": {"stage": 2}}, 0),
 }
 
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode, "warn"

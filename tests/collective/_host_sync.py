@@ -80,10 +80,14 @@ class HostSyncCounter(TorchDispatchMode):
         from_device = any(self.on_device(t) for t in tensors)
         if func is aten._local_scalar_dense.default and from_device:
             self.events.append(("read", str(func)))
-        if func is aten.copy_.default:
-            dst, src = args[0], args[1]
+        if func in (aten.copy_.default, aten._foreach_copy_.default):
+            pairs = (
+                zip(args[0], args[1], strict=True)
+                if func is aten._foreach_copy_.default
+                else [args[:2]]
+            )
             non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-            if self.on_device(dst) != self.on_device(src) and not non_blocking:
+            if not non_blocking and any(self.on_device(d) != self.on_device(x) for d, x in pairs):
                 self.events.append(("copy", str(func)))
             return func(*args, **kwargs)  # the destination keeps its residency
         out = func(*args, **kwargs)
@@ -127,9 +131,18 @@ class HostSyncCounter(TorchDispatchMode):
         return device is not None and device.type == "cpu" and not non_blocking
 
 
-def device_tensors_of(model: torch.nn.Module, reducer: Any) -> list[torch.Tensor]:
-    """The tensors a GPU run would keep on the device: parameters, buffers, bucket buffers."""
+def device_tensors_of(
+    model: torch.nn.Module, reducer: Any, optimizer: Any = None
+) -> list[torch.Tensor]:
+    """The tensors a GPU run would keep on the device: parameters, buffers, bucket buffers;
+    under sharding also the gradient slices and the shard optimizer's state."""
+    from longboat.collective.sharding.slices import step_of
+
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [buffer for buffer, _ in reducer.bucket_layouts()]
     tensors.append(reducer._flags)
+    tensors += list(getattr(reducer, "grad_shards", []))
+    sharded = step_of(optimizer) if optimizer is not None else None
+    if sharded is not None:
+        tensors += sharded.state_tensors()
     return tensors
