@@ -65,7 +65,8 @@ class ParameterGather:
         self._queue: collections.deque[int] = collections.deque()  # not launched yet
         self._flight: dict[int, tuple[torch.Tensor | None, Any, Any]] = {}  # not written
         self._gate = WriteGate()  # closed (and replaced) when the pending gathers are dropped
-        self._placed: dict[int, PlacedSlices | None] = {}
+        # each bucket's slices as pieces of the parameters (None: gathered through buffers)
+        self._placed: dict[int, PlacedSlices | None] = {s.index: self._place(s) for s in buckets}
         self._hooks: list[RemovableHandle] = []
         self._root: nn.Module | None = None
         self._profile: ReadersProfile | None = None
@@ -201,8 +202,6 @@ class ParameterGather:
         """Start gathering bucket ``s``'s slices: ``(full buffer, this rank's slice,
         handle)``, the buffers kept alive until written; none when the slices go straight
         between the parameters and shared memory."""
-        if s.index not in self._placed:
-            self._placed[s.index] = self._place(s)
         placed = self._placed[s.index]
         if placed is not None:
             handle = self.groups.all_gather_placed(
