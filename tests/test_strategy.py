@@ -158,7 +158,7 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "sharding_degree": 0,
         "stage": 1,
         "segment_broadcast_MB": 32.0,
-        "comm_overlap": True,  # the name of Paddle's dygraph sharding key (False there)
+        "comm_overlap": False,  # the name (and default) of Paddle's dygraph sharding key
         "segment_anchors": [],
         "gradient_merge_acc_step": 1,
         "optimize_offload": False,

@@ -39,8 +39,14 @@ SCENARIOS: dict[str, tuple[dict, int]] = {
     "fp16 amp (overflow decision)": ({"amp": True, "amp_configs": {"dtype": "float16"}}, 1),
     "find_unused_parameters": ({"find_unused_parameters": True}, 1),
     "sync batch norm": ({"sync_batch_norm": True}, 0),
-    "sharding stage 1": ({"sharding": True, "sharding_configs": {"stage": 1}}, 0),
-    "sharding stage 2": ({"sharding": True, "sharding_configs": {"stage": 2}}, 0),
+    "sharding stage 1": (
+        {"sharding": True, "sharding_configs": {"stage": 1, "comm_overlap": True}},
+        0,
+    ),
+    "sharding stage 2": (
+        {"sharding": True, "sharding_configs": {"stage": 2, "comm_overlap": True}},
+        0,
+    ),
 }
 
 

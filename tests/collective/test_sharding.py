@@ -557,7 +557,7 @@ def _gathered(rank: int, world: int, device: str) -> dict[str, torch.Tensor]:
     with harness.virtual_world(dev):
         model, optimizer = harness._model("sharding", dev)
         strategy = lb.Strategy(allreduce_algorithm="native", fuse_grad_size_in_MB=0.05)
-        strategy.sharding, strategy.sharding_configs = True, {"stage": 1}
+        strategy.sharding, strategy.sharding_configs = True, {"stage": 1, "comm_overlap": True}
         dmodel, dopt = lb.distribute(model, optimizer, strategy)
         step = dopt.stages[-1]
         x, y = harness._data(3)

@@ -127,7 +127,7 @@ def _evaluated_in_inference_mode(rank: int) -> list[bool]:
 
     model = _model()
     strategy = lb.Strategy(fuse_grad_size_in_MB=0.004)
-    strategy.sharding, strategy.sharding_configs = True, {"stage": 2}
+    strategy.sharding, strategy.sharding_configs = True, {"stage": 2, "comm_overlap": True}
     dmodel, dopt = lb.distribute(model, _optimizer(model), strategy)
     x, y = _data()
     half = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)

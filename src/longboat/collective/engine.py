@@ -254,6 +254,8 @@ def _wrap_optimizer(
     if local_sgd is not None:
         stages.append(LocalSGDStep(local_sgd, optimizer))
     if shards is not None and plan.sharding is not None:
+        if cluster.rank() == 0:
+            log.info("%s", plan.sharding.describe(shards.degree))
         stages.append(
             ShardedStep(
                 optimizer, wrapped, shards, plan.sharding.stage, overlap=plan.sharding.overlap

@@ -111,13 +111,23 @@ class DistributedModel(nn.Module):
 
     def runs_eagerly(self) -> bool:
         """Whether the module's forward runs eagerly (not compiled here, nor seen compiled)."""
-        compiled = isinstance(self.module, torch._dynamo.eval_frame.OptimizedModule)
+        module = self._modules["module"]
+        compiled = isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
         return self.splitter is None and not self._compile_warned and not compiled
+
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped module, its parameters complete: reading it writes what the last
+        optimizer step left pending first (sharding's ``comm_overlap``), as ``parameters()``
+        does, so ``model.module`` hands an EMA or an evaluation helper whole weights."""
+        self.settle_parameters()
+        return self._modules["module"]  # type: ignore[return-value]
 
     def settle_parameters(self) -> None:
         """Write what the last optimizer step left pending into the parameters (sharding
         gathers them during the next forward): call it before reading parameters some other
-        way than through this model's forward, ``state_dict()`` or ``parameters()``."""
+        way than through this model's forward, ``state_dict()``, ``parameters()`` or
+        ``module`` (the module object you passed to ``lb.distribute``, after the step)."""
         if self.pending_writes is not None:
             self.pending_writes.finish()
 
@@ -178,7 +188,7 @@ class DistributedModel(nn.Module):
     def _buffers_from_rank0(self) -> None:
         """``broadcast_buffers``: every rank takes rank 0's buffers (one coalesced broadcast
         per dtype on the default group, queued in forward's program order on every rank)."""
-        buffers = [b for b in self.module.buffers() if b is not None]
+        buffers = [b for b in self._modules["module"].buffers() if b is not None]  # unsettled
         if buffers:
             broadcast_state(buffers, coalesce=True)
 

@@ -141,9 +141,9 @@ SHARDING_CONFIGS = Config(
         KeySpec(
             "comm_overlap",
             Bool(),
-            True,
-            "all-gather the updated parameters during the next forward (False: inside "
-            "optimizer.step())",
+            False,
+            "all-gather the updated parameters during the next forward, which completes them "
+            "(False: inside optimizer.step(), every parameter whole when it returns)",
         ),
         KeySpec("segment_anchors", StrList(), [], "variables that end a segment"),
         KeySpec("gradient_merge_acc_step", Int(1), 1, "gradient merge steps inside sharding"),

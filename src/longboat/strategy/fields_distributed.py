@@ -411,7 +411,7 @@ DISTRIBUTED_FIELDS: tuple[FieldSpec, ...] = (
         "sharding (ZeRO): optimizer state, gradients or parameters split across ranks: settings",
         implemented(
             "read: stage (1 or 2), sharding_degree, dp_degree (1 or world / sharding_degree), "
-            "comm_overlap (the all-gather during the next forward); segment_broadcast_MB has "
+            "comm_overlap (opt-in: the all-gather during the next forward); segment_broadcast_MB has "
             "no effect (the all-gather goes bucket by bucket); "
             "gradient_merge_acc_step, optimize_offload, segment_anchors, mp_degree and "
             "pp_degree are refused at their non-default values"

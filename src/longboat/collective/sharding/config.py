@@ -19,8 +19,9 @@ class ShardingPlan:
     """Ranks per shard group; 0: every rank of the job."""
     dp_degree: int
     """``sharding_configs['dp_degree']``: 1, or the number of shard groups."""
-    overlap: bool = True
-    """``sharding_configs['comm_overlap']``: all-gather the parameters during the next forward."""
+    overlap: bool = False
+    """``sharding_configs['comm_overlap']``: all-gather the parameters during the next forward
+    (False: inside ``optimizer.step()``)."""
 
     @classmethod
     def of(cls, strategy: Strategy) -> ShardingPlan | None:
@@ -34,6 +35,19 @@ class ShardingPlan:
             dp_degree=int(c["dp_degree"]),
             overlap=bool(c["comm_overlap"]),
         )
+
+    def describe(self, degree: int) -> str:
+        """One line for ``lb.distribute``'s log: the stage, the ranks, when parameters are whole."""
+        split = "optimizer state" if self.stage == 1 else "optimizer state and gradients"
+        if self.overlap:
+            after = (
+                "comm_overlap: optimizer.step() leaves the parameters' all-gather to the next "
+                "forward, which completes them; read them before it through the model "
+                "(model.module, model.parameters()) or call model.settle_parameters()"
+            )
+        else:
+            after = "every parameter is whole when optimizer.step() returns"
+        return f"sharding stage {self.stage}: {split} split over {degree} ranks; {after}"
 
     def degree_in(self, world: int, rank: int) -> int:
         """The shard group size in a job of ``world`` ranks; ValueError naming the fields when
