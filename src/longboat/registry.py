@@ -64,8 +64,17 @@ class Entry(Generic[F]):
     ``tune``: ``Strategy(auto=True)`` may try it; ``switch``: the bool Strategy field that
     selects it instead of the name field; ``title``: its name in prose; ``cost``: its cost
     model for ``longboat sim`` (an allreduce algorithm's ``cost(nbytes, network)`` ->
-    ``(latency_s, link_s)``, or None where it does not apply; see
-    `longboat.comm.algorithms.Network`).
+    ``(latency_s, link_s)``, or None where it does not apply, see
+    `longboat.comm.algorithms.Network`; a compressor's ``cost(bucket)`` -> ``Wire``, see
+    `longboat.comm.compress.Wire`; a parameter-server mode's, see
+    `longboat.ps.trainer.modes.Exchange`).
+
+    What a gradient compressor needs from the engine: ``momentum``: it applies the optimizer's
+    momentum itself (momentum correction): it gets the optimizer's momentum as
+    ``config["momentum"]``, the optimizer steps without its own, and it cannot run as a DDP
+    communication hook (which never sees the optimizer); ``elastic``: its state can start
+    afresh in a new world (False: elastic training refuses it); ``state``: what it keeps per
+    rank between steps, in prose (set: the autotuner never swaps the reducer holding it).
     """
 
     name: str
@@ -79,6 +88,9 @@ class Entry(Generic[F]):
     switch: str | None = None
     title: str = ""
     cost: Callable[..., Any] | None = None
+    momentum: bool = False
+    elastic: bool = True
+    state: str = ""
 
     @property
     def label(self) -> str:
@@ -116,6 +128,9 @@ class Registry(Generic[F]):
         switch: str | None = None,
         title: str = "",
         cost: Callable[..., Any] | None = None,
+        momentum: bool = False,
+        elastic: bool = True,
+        state: str = "",
     ) -> Callable[[F], F]:
         """Decorator: declare ``factory`` as ``name`` (``doc``: its docstring's first line)."""
         unknown = sorted(set(topologies) - set(TOPOLOGIES))
@@ -138,6 +153,9 @@ class Registry(Generic[F]):
                 switch,
                 title,
                 cost,
+                momentum,
+                elastic,
+                state,
             )
             self._version = next(_versions)
             return factory

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from longboat.collective.buckets import assign_communicators, plan_buckets
-from longboat.collective.plan import TOPOLOGY, CollectivePlan, Placement
+from longboat.collective.plan import TOPOLOGY, CollectivePlan, Placement, resolve_compression
 from longboat.collective.plan import resolve as resolve_plan
 from longboat.sim import cost, devices
 from longboat.sim.cluster import Cluster, ClusterError
-from longboat.sim.compression import bucket_parts
+from longboat.sim.compression import bucket_parts, unpriced_note
 from longboat.sim.profile import Profile
 from longboat.sim.sharding import Sharded, memory_per_rank, sharded
 from longboat.sim.straggler import spread_seconds, straggler_seconds
@@ -269,13 +269,14 @@ def _bucket_jobs(
     buckets: list[list[int]],
     shard: Sharded | None,
     rate: float,
-) -> tuple[list[Job], int, float, set[str]]:
+) -> tuple[list[Job], int, float, set[str], float]:
     """Each bucket's collective as a timeline job (ready when its last gradient is, plus its
-    share of the bucket copies); the bytes sent, the time on the links, the algorithms."""
+    share of the bucket copies); the bytes sent, the time on the links, the algorithms, the
+    bytes of compressor state kept per rank."""
     compression, config = plan.compression.name, dict(plan.compression.config)
     algorithm = plan.comm.algorithm
     copy_s = 2 * prof.grad_bytes / cluster.mem_bw if cluster.world > 1 else 0.0
-    jobs, sent, total, chosen = [], 0, 0.0, set()
+    jobs, sent, total, chosen, state = [], 0, 0.0, set(), 0.0
     on_comm = assign_communicators(
         [sum(prof.params[i].nbytes for i in members) for members in buckets],
         plan.comm.communicators,
@@ -287,14 +288,16 @@ def _bucket_jobs(
         if algorithm == "auto":
             algo = cost.best_algorithm(sum(p.nbytes for p in params), cluster)
         chosen.add(algo)
-        (lat, bw), nbytes = bucket_parts(params, extra, cluster, algo, compression, config, rate)
+        priced = bucket_parts(params, extra, cluster, algo, compression, config, rate)
+        (lat, bw), nbytes = priced.parts, priced.sent
+        state += priced.state
         if shard is not None:
             (lat, bw), nbytes = shard.collective((lat, bw)), shard.sent(nbytes)
         ready = max(p.ready_s for p in params) + copy_s * (b + 1) / len(buckets)
         jobs.append(Job(ready, on_comm[b], lat, bw))
         sent += nbytes
         total += lat + bw
-    return jobs, sent, total, chosen
+    return jobs, sent, total, chosen, state
 
 
 def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = None) -> Prediction:
@@ -326,7 +329,9 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
     compression = plan.compression.name
     rate = flop_rate(profile, cluster)
     copy_s = 2 * prof.grad_bytes / cluster.mem_bw if cluster.world > 1 else 0.0
-    jobs, sent, total, chosen = _bucket_jobs(prof, cluster, plan, buckets.buckets, shard, rate)
+    jobs, sent, total, chosen, state = _bucket_jobs(
+        prof, cluster, plan, buckets.buckets, shard, rate
+    )
     exposed, contended = 0.0, 0.0
     if cluster.world > 1:
         finishes, backward, contended = _timeline(jobs, bwd + copy_s, contention_of(cluster))
@@ -341,8 +346,14 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
     cycle = merge * (fwd + bwd) + copy_s + contended + exposed + opt
     if merge > 1:
         notes.append(f"gradient merge: one allreduce every {merge} micro-steps")
-    if compression != "none":
+    if compression != resolve_compression(Strategy()).name:
         notes.append(f"compression {compression}")
+    unpriced = unpriced_note(compression)
+    if unpriced is not None:
+        notes.append(unpriced)
+    memory = memory_per_rank(prof, shard)
+    if state:
+        memory["compressor_state"] = int(state)
     return _finish(
         cluster,
         prof,
@@ -357,7 +368,7 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         algorithm="+".join(sorted(chosen)),
         notes=tuple(notes),
         contention_s=contended / merge,
-        memory=memory_per_rank(prof, shard),
+        memory=memory,
     )
 
 

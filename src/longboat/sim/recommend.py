@@ -1,9 +1,10 @@
 """`--recommend`: the Strategy settings with the lowest predicted step time on a cluster.
 
 Candidates: every applicable allreduce algorithm x bucket caps x communicator counts x
-{no compression, bf16, fp16}; with ``lossy=True`` also PowerSGD, DGC and local SGD (they change
+{no compression, each registered compressor that declares a cost and is not lossy (the
+half-precision casts)}; with ``lossy=True`` also the lossy compressors and local SGD (they change
 the training dynamics, so they are only proposed when asked); with ``exact=True`` no
-compression at all (bf16/fp16 round every gradient, so only the settings that send the gradients
+compression at all (a cast rounds every gradient, so only the settings that send the gradients
 as they are remain: the training result is that of the default Strategy up to summation order);
 parameter servers (sync) when the cluster has a ``ps`` section. Each candidate is a real
 Strategy (conflicts refused as in training).
@@ -17,11 +18,14 @@ from typing import Any
 
 import yaml
 
+from longboat.collective.plan import resolve_compression
+from longboat.registry import COMPRESSORS
 from longboat.sim import cost
 from longboat.sim.cluster import Cluster
 from longboat.sim.predict import Prediction, collective_plan, resolve, simulate
 from longboat.sim.profile import Profile
 from longboat.strategy import Strategy, StrategyError
+from longboat.strategy.registered import COMPRESSION_FIELD
 from longboat.tools.progress import progress
 
 CAPS_MB = (1, 2, 4, 16, 32, 64, 128)
@@ -47,9 +51,9 @@ def candidates(cluster: Cluster, lossy: bool = False, exact: bool = False) -> li
     algorithms = cost.candidates(cluster)
     compressions: list[dict[str, Any]] = [{}]
     if not exact:
-        compressions += [{"gradient_compression": "bf16"}, {"gradient_compression": "fp16"}]
+        compressions += compressor_fields(lossy=False)
     if lossy:
-        compressions += [{"gradient_compression": "powersgd"}, {"dgc": True}]
+        compressions += compressor_fields(lossy=True)
     out: list[dict[str, Any]] = [{}]
     for algo, cap, comms, comp in itertools.product(algorithms, CAPS_MB, COMMS, compressions):
         fields = {"allreduce_algorithm": algo, "fuse_grad_size_in_MB": float(cap)}
@@ -64,6 +68,18 @@ def candidates(cluster: Cluster, lossy: bool = False, exact: bool = False) -> li
     if cluster.ps is not None:
         out.append({"mode": "ps", "a_sync": False})
     return out
+
+
+def compressor_fields(lossy: bool) -> list[dict[str, Any]]:
+    """The Strategy fields selecting each registered compressor that declares a cost, other
+    than the default Strategy's, whose ``lossy`` trait is ``lossy``, by name (one priced as
+    uncompressed would only repeat the uncompressed candidates)."""
+    default = resolve_compression(Strategy()).name
+    return [
+        {e.switch: True} if e.switch else {COMPRESSION_FIELD: e.name}
+        for e in COMPRESSORS.entries()
+        if e.cost is not None and e.lossy is lossy and e.name != default
+    ]
 
 
 def recommend(

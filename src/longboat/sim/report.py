@@ -9,6 +9,7 @@ from rich.table import Table
 
 from longboat.sim import cost
 from longboat.sim.cluster import Cluster
+from longboat.sim.compression import UNPRICED
 from longboat.sim.predict import Prediction
 from longboat.sim.profile import Profile
 from longboat.sim.units import human_rate, human_time
@@ -94,6 +95,9 @@ def breakdown(prof: Profile, cl: Cluster, p: Prediction) -> None:
         bus, bound = cost.bus_limit(cl)
         table.add_row("NCCL bus bandwidth per rank", human_rate(bus), bound)
     _console().print(table)
+    for note in p.notes:  # what the figures above could not price, one line each
+        if UNPRICED in note:
+            print(f"note: {note}")
 
 
 def sweep_table(points: Sequence, model: str) -> None:  # noqa: ANN001

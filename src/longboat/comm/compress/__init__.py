@@ -6,14 +6,16 @@ starts the same in-place SUM allreduce as ``inner`` (on bucket buffers that alre
 compressor returned here carries ``.stats`` (:class:`CompressorStats`): the bytes this rank
 sent, counted with the ring model ``2·S·(N−1)/N`` for an allreduce of ``S`` bytes over ``N``
 ranks. Adding one means a module with one ``@register_compressor`` factory whose declaration
-carries its config keys and defaults (the Strategy's ``<name>_configs``) and whether it is
-lossy; see ``docs/compression.md``.
+carries its config keys and defaults (the Strategy's ``<name>_configs``), whether it is lossy,
+what it needs from the engine (``momentum``, ``elastic``, ``state``: see
+`longboat.registry.Entry`) and its cost for ``longboat sim`` (``cost``: a function of one
+:class:`Bucket` returning its :class:`Wire`); see ``docs/compression.md``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,6 +31,73 @@ CompressorFactory = Callable[[AllreduceFn, dist.ProcessGroup, Mapping[str, Any]]
 
 register_compressor = COMPRESSORS.register  # decorator: selectable as compressor ``name``
 compressor_names = COMPRESSORS.names
+
+
+class Grad(Protocol):
+    """One gradient of a bucket as a cost model sees it (``longboat sim``'s profiled
+    parameter)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def numel(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket, as a compressor's cost model (``register_compressor(cost=...)``) sees it."""
+
+    grads: Sequence[Grad]  # its gradients, in bucket order (their shapes, entries and bytes)
+    extra_bytes: int  # bytes beyond the gradients (the used-parameter flags ride in the last)
+    world: int  # ranks in the allreduce
+    config: Mapping[str, Any]  # the compressor's ``<name>_configs``, as plain values
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the uncompressed bucket (gradients and extra)."""
+        return sum(g.nbytes for g in self.grads) + self.extra_bytes
+
+    @property
+    def entries(self) -> int:
+        """Its float32 entries (what a cast reads and writes per entry)."""
+        return self.nbytes // 4
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What a compressor does with one bucket: ``longboat sim`` prices each allreduce with the
+    Strategy's algorithm, the all-gather with the cluster's links, and the compressor's own
+    work as time on its communicator (``memory`` at the memory bandwidth, ``flops`` at the
+    device's rate)."""
+
+    allreduces: tuple[float, ...]  # bytes of each allreduce it starts, in order
+    allgather: float = 0.0  # bytes each rank contributes to one all-gather (0: none)
+    memory: float = 0.0  # bytes its own passes read and write (casts, top-k, error feedback)
+    flops: float = 0.0  # its own arithmetic (e.g. low-rank matrix products)
+    state: float = 0.0  # bytes kept per rank between steps (residuals, momentum, factors)
+
+
+CompressorCost = Callable[[Bucket], Wire]
+
+
+def scaled_cost(
+    ratio: float, memory_per_entry: float = 0.0, residual: bool = False
+) -> CompressorCost:
+    """The cost of a compressor that sends ``ratio`` of each bucket's bytes in one allreduce,
+    moves ``memory_per_entry`` bytes through memory per float32 entry, and (``residual``) keeps
+    an error-feedback buffer the size of the bucket: e.g. ``scaled_cost(1 / 32, 16, True)`` for
+    1-bit signs with error feedback."""
+
+    def cost(bucket: Bucket) -> Wire:
+        nbytes = bucket.nbytes
+        memory = memory_per_entry * bucket.entries
+        return Wire((nbytes * ratio,), memory=memory, state=nbytes if residual else 0.0)
+
+    return cost
 
 
 def make_compressor(

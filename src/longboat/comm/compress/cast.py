@@ -27,10 +27,13 @@ from longboat.comm.compress import (
     close_inner,
     register_compressor,
     ring_bytes,
+    scaled_cost,
 )
 from longboat.comm.handles import chain
 
 _CASTABLE = (torch.float32, torch.float64)
+_HALF_COST = scaled_cost(0.5, memory_per_entry=12)
+"""Half the bytes; two casts move 12 bytes per entry (read 4, write 2; read 2, write 4)."""
 
 
 class CastCompressor:
@@ -66,7 +69,7 @@ class CastCompressor:
         close_inner(self.inner)
 
 
-@register_compressor("fp16")
+@register_compressor("fp16", cost=_HALF_COST)
 def make_fp16(
     inner: AllreduceFn, group: dist.ProcessGroup, config: Mapping[str, Any]
 ) -> AllreduceFn:
@@ -75,7 +78,7 @@ def make_fp16(
     return CastCompressor(inner, group, torch.float16)
 
 
-@register_compressor("bf16")
+@register_compressor("bf16", cost=_HALF_COST)
 def make_bf16(
     inner: AllreduceFn, group: dist.ProcessGroup, config: Mapping[str, Any]
 ) -> AllreduceFn:
@@ -84,7 +87,7 @@ def make_bf16(
     return CastCompressor(inner, group, torch.bfloat16)
 
 
-@register_compressor("none")
+@register_compressor("none", cost=scaled_cost(1))
 def make_none(
     inner: AllreduceFn, group: dist.ProcessGroup, config: Mapping[str, Any]
 ) -> AllreduceFn:

@@ -36,8 +36,10 @@ import torch.distributed as dist
 
 from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.compress import (
+    Bucket,
     CompressorStats,
     ThreadedCompressor,
+    Wire,
     check_config,
     register_compressor,
     ring_bytes,
@@ -209,8 +211,31 @@ class DGC:
         return (self.world_size - 1) * pack.numel() * pack.element_size()
 
 
+def cost(bucket: Bucket) -> Wire:
+    """At the schedule's last sparsity: gradients of at least ``min_numel`` entries send
+    ``k = ceil(numel·(1 − sparsity))`` (value, index) float32 pairs by all-gather, the others
+    one dense allreduce; six passes over the sparsified bytes (momentum, accumulation, top-k).
+    Kept per rank: the momentum ``u`` and accumulation ``v`` of every sparsified entry."""
+    sparsity = float(list(bucket.config.get("sparsity", DEFAULTS["sparsity"]))[-1])
+    min_numel = int(bucket.config.get("min_numel", DEFAULTS["min_numel"]))
+    dense = bucket.extra_bytes + sum(g.nbytes for g in bucket.grads if g.numel < min_numel)
+    pairs = sum(kept(g.numel, sparsity) for g in bucket.grads if g.numel >= min_numel)
+    sparse = bucket.nbytes - dense
+    return Wire(
+        (dense,) if dense else (), allgather=2 * pairs * 4, memory=6 * sparse, state=2 * sparse
+    )
+
+
 @register_compressor(
-    "dgc", config=CONFIG, lossy=True, switch="dgc", title="deep-gradient-compression"
+    "dgc",
+    config=CONFIG,
+    lossy=True,
+    switch="dgc",
+    title="deep-gradient-compression",
+    momentum=True,
+    elastic=False,
+    state="residuals and momentum",
+    cost=cost,
 )
 def make_dgc(
     inner: AllreduceFn, group: dist.ProcessGroup, config: Mapping[str, Any]

@@ -43,8 +43,10 @@ import torch.distributed as dist
 
 from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.compress import (
+    Bucket,
     CompressorStats,
     ThreadedCompressor,
+    Wire,
     check_config,
     register_compressor,
     ring_bytes,
@@ -300,7 +302,36 @@ class PowerSGD:
         flat.copy_(work)
 
 
-@register_compressor("powersgd", config=CONFIG, lossy=True, title="PowerSGD")
+def cost(bucket: Bucket) -> Wire:
+    """Steady state (after ``start_step``): per matrix gradient whose rank-r factors are smaller,
+    ``rows·r`` then ``cols·r`` float32 entries in two allreduces (the other gradients ride in
+    the first), ``4·rows·cols·r`` FLOPs and three passes over the bucket for error feedback;
+    buckets below ``min_compression_bytes`` go as they are. Kept per rank: the error-feedback
+    buffer (the bucket) and the ``Q`` factors."""
+    nbytes = bucket.nbytes
+    if nbytes < int(bucket.config.get("min_compression_bytes", DEFAULTS["min_compression_bytes"])):
+        return Wire((nbytes,))
+    r = int(bucket.config.get("rank", DEFAULTS["rank"]))
+    first, second, flops = bucket.extra_bytes / 4, 0.0, 0.0
+    for g in bucket.grads:
+        rows = g.shape[0] if len(g.shape) >= 2 else 1
+        cols = g.numel // max(rows, 1)
+        k = min(r, rows, cols)
+        if len(g.shape) >= 2 and (rows + cols) * k < g.numel:
+            first += rows * k
+            second += cols * k
+            flops += 4 * rows * cols * k
+        else:
+            first += g.numel
+    feedback = nbytes if bucket.config.get("error_feedback", DEFAULTS["error_feedback"]) else 0
+    return Wire(
+        (first * 4, second * 4), memory=3 * nbytes, flops=flops, state=feedback + second * 4
+    )
+
+
+@register_compressor(
+    "powersgd", config=CONFIG, lossy=True, title="PowerSGD", state="error feedback", cost=cost
+)
 def make_powersgd(
     inner: AllreduceFn, group: dist.ProcessGroup, config: Mapping[str, Any]
 ) -> AllreduceFn:
