@@ -30,6 +30,7 @@ class LocalCluster:
     root: Path
     nnodes: str
     env: dict[str, str]
+    args: list[str] = field(default_factory=list)  # more `longboat launch` options
     port: int = field(default_factory=free_port)
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
 
@@ -57,6 +58,7 @@ class LocalCluster:
                     f"127.0.0.1:{self.port}",
                     "--log-dir",
                     str(self.log_dir(index)),
+                    *self.args,
                     str(PROBE),
                 ],
                 cwd=self.root,
@@ -133,12 +135,14 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def local_cluster(root: Path, nnodes: str, **env: str) -> Iterator[LocalCluster]:
+def local_cluster(
+    root: Path, nnodes: str, args: tuple[str, ...] = (), **env: str
+) -> Iterator[LocalCluster]:
     """Launchers whose rendezvous store is served here, so any of them may be lost (as a
-    store on a machine that outlives the job would be)."""
+    store on a machine that outlives the job would be); ``args``: more launch options."""
     import torch.distributed as dist
 
-    cluster = LocalCluster(root, nnodes, {k: str(v) for k, v in env.items()})
+    cluster = LocalCluster(root, nnodes, {k: str(v) for k, v in env.items()}, list(args))
     store = dist.TCPStore(
         "127.0.0.1", cluster.port, is_master=True, wait_for_workers=False, multi_tenant=True
     )

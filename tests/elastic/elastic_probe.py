@@ -8,7 +8,10 @@ launcher and itself once the job reached that many commits: a node lost as a who
 PROBE_QUIT_AT=K (this rank ends at commit K with exit code 0, as if its training were done),
 PROBE_DIGESTS (a directory: every rank appends a JSON line to ``digests-<pid>.jsonl`` each time
 ``train`` starts, i.e. after every sync of the state, and once at the end with its parameters),
-PROBE_SHARDING=STAGE (shard the optimizer state over every rank at that stage).
+PROBE_SHARDING=STAGE (shard the optimizer state over every rank at that stage),
+PROBE_KILL="NODE@COMMIT+DELAY[,...]" (once per job, the ranks of node NODE, or of every node
+for ``all``, SIGKILL themselves DELAY seconds after reaching commit COMMIT; their launchers
+live), PROBE_NODE_COPY=0 (``State(node_copy=False)``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import json
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -83,6 +87,31 @@ def maybe_die(commits: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def maybe_kill(commits: int) -> None:
+    """PROBE_KILL: this rank dies DELAY s after commit COMMIT (a timer, so the step goes on
+    meanwhile, as a crash lands mid-step), once per job: its restarted self does not."""
+    node = os.environ["GROUP_RANK"]
+    for spec in filter(None, os.environ.get("PROBE_KILL", "").split(",")):
+        who, _, rest = spec.partition("@")
+        at, _, delay = rest.partition("+")
+        if commits != int(at) or who not in ("all", node):
+            continue
+        marker = os.path.join(
+            os.environ["PROBE_PID_DIR"], f"killed-{node}-{os.environ['LOCAL_RANK']}"
+        )
+        if os.path.exists(marker):
+            return
+        with open(marker, "w") as f:
+            f.write(str(commits))
+        print(
+            f"probe: node {node} rank {lb.rank()} dies {delay or 0} s after commit {commits}",
+            flush=True,
+        )
+        timer = threading.Timer(float(delay or 0), os.kill, (os.getpid(), signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+
+
 def wait_for_world(state: lb.elastic.State) -> None:
     """Hold the job at commit K until the world has W ranks (a node joined: the membership
     check raises; a node left: the check fails as a lost peer)."""
@@ -144,7 +173,12 @@ def main() -> None:
         strategy.sharding, strategy.sharding_configs = True, {"stage": SHARDING}
     dmodel, optimizer = lb.distribute(net, optimizer, strategy)
     state = lb.elastic.State(
-        model=dmodel, optimizer=optimizer, sampler=sampler, epoch=0, history=[]
+        model=dmodel,
+        optimizer=optimizer,
+        sampler=sampler,
+        node_copy=os.environ.get("PROBE_NODE_COPY", "1") != "0",
+        epoch=0,
+        history=[],
     )
 
     @lb.elastic.run
@@ -173,6 +207,7 @@ def main() -> None:
                     os._exit(0)
                 wait_for_world(state)
                 maybe_die(state.commits)
+                maybe_kill(state.commits)
                 maybe_hang(state.commits)
             state.epoch = epoch + 1
 

@@ -172,6 +172,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("LONGBOAT_LOG_DIR", TEXT, str, by_launcher=True),
         Variable("LONGBOAT_LOG_FILE", TEXT, str, by_launcher=True),
         Variable("LONGBOAT_ELASTIC_DIR", TEXT, str, by_launcher=True),
+        Variable("LONGBOAT_ELASTIC_COPY_DIR", TEXT, str, by_launcher=True),
         Variable("LONGBOAT_EMULATE_BANDWIDTH", TEXT, str, by_launcher=True),
         Variable("LONGBOAT_EMULATE_LATENCY", TEXT, str, by_launcher=True),
     )

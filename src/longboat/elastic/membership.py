@@ -6,7 +6,9 @@ writes ``membership.json`` into the node's elastic directory (``LONGBOAT_ELASTIC
 ``<log dir>/.elastic``): the round's token, world size, this node's ranks and the store the
 ranks re-form their process group on. A rank that loses a peer writes ``request-<local
 rank>`` (the token it saw and why) and the launcher joins the next round; a rank's committed
-step count goes to ``commits-<local rank>`` (read by ``longboat emulate``'s step triggers).
+step count goes to ``commits-<local rank>`` (read by ``longboat emulate``'s step triggers, and
+by the ranks of later rounds: a job never silently resumes below it); a rank that ends the job
+on purpose writes ``stop-<local rank>`` so that its launcher does not restart it.
 
 Files are written whole (temporary file + rename): a reader sees the old or the new content.
 Nothing read here is unpickled; everything is JSON or a decimal number.
@@ -14,8 +16,10 @@ Nothing read here is unpickled; everything is JSON or a decimal number.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -138,8 +142,54 @@ def acknowledged(directory: Path, token: str) -> set[int]:
 
 
 def write_commits(directory: Path, local_rank: int, commits: int) -> None:
-    """Record this rank's committed step count (read by ``longboat emulate``)."""
+    """Record this rank's committed step count (read by ``longboat emulate`` and by the
+    ranks of a later round: the job never silently resumes below it)."""
     _write_whole(directory / f"commits-{local_rank}", str(int(commits)))
+
+
+def highest_commits(directories: Iterable[Path]) -> int:
+    """The highest committed step count recorded in any of ``directories`` (-1 if none).
+    Missing, unreadable or partial files are skipped."""
+    best = -1
+    for directory in directories:
+        try:
+            paths = list(directory.glob("commits-*"))
+        except OSError:
+            continue
+        for path in paths:
+            try:
+                text = path.read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit():
+                best = max(best, int(text))
+    return best
+
+
+def write_stop(directory: Path, local_rank: int, reason: str) -> None:
+    """This rank ends the job on purpose: its launcher must not restart it (restarting
+    cannot help), and prints ``reason`` as the job's one line."""
+    _write_whole(directory / f"stop-{local_rank}", reason[:2000])
+
+
+def stop_reason(directory: Path) -> str:
+    """Why a rank of this node ended the job on purpose ('' if none did)."""
+    for path in sorted(directory.glob("stop-*")):
+        with contextlib.suppress(OSError):
+            return path.read_text()
+    return ""
+
+
+def clear_round_files(directory: Path) -> None:
+    """Remove what an earlier job with the same log directory left: memberships, requests,
+    acknowledgements, commit counts and stops. A launcher calls it once, before its ranks
+    start: a new job starts from its own commit 0."""
+    if not directory.is_dir():
+        return
+    for pattern in (MEMBERSHIP_FILE, "request-*", "ack-*", "commits-*", "stop-*"):
+        for path in directory.glob(pattern):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def connect_store(membership: Membership, timeout: timedelta) -> Any:

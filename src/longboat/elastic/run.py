@@ -11,6 +11,7 @@ import longboat.cluster as cluster
 from longboat.elastic import join, world
 from longboat.elastic.failures import describe, is_peer_failure
 from longboat.elastic.membership import ElasticError, Membership
+from longboat.elastic.recovery import StateLostError
 from longboat.elastic.state import State
 from longboat.log import get_logger
 
@@ -38,7 +39,7 @@ def run(train: Callable[..., T]) -> Callable[..., T]:
             return train(state, *args, **kwargs)
         if not cluster.is_initialized():  # lb.init() not called: join the round at least
             cluster.init(startup=join.startup())
-        state.sync()
+        _sync(state)
         resets, last_commits = 0, state.commits
         while True:
             try:
@@ -81,6 +82,16 @@ def run(train: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+def _sync(state: State) -> int:
+    """`State.sync`; when every copy of the state is lost, tell the launcher not to restart
+    this rank (starting again cannot bring the state back) before raising."""
+    try:
+        return state.sync()
+    except StateLostError as exc:
+        world.stop_job(str(exc))
+        raise
+
+
 def _rejoin(state: State, reason: str, lost: bool) -> tuple[Membership, int]:
     """Join the next round, rebuild for it and hand the state around; return the round and
     the rank whose state everyone took. A peer lost on the way (a member of the new round
@@ -89,7 +100,7 @@ def _rejoin(state: State, reason: str, lost: bool) -> tuple[Membership, int]:
         membership = world.regroup(reason, lost_peer=lost, strategy=cluster.current_strategy())
         try:
             state.on_reset()
-            return membership, state.sync()
+            return membership, _sync(state)
         except Exception as exc:
             if not is_peer_failure(exc):
                 raise

@@ -17,9 +17,10 @@ from torch import nn
 
 import longboat.cluster as cluster
 from longboat.comm.exchange import control_device
-from longboat.elastic import optimizer_state, world
+from longboat.elastic import node_copy, optimizer_state, recovery, world
 from longboat.elastic.membership import ElasticError
 from longboat.elastic.sampler import ElasticSampler
+from longboat.elastic.snapshot import TensorTree, clone
 from longboat.log import get_logger
 
 _log = get_logger("longboat.elastic")
@@ -36,6 +37,8 @@ _OWN = frozenset(
         "_every",
         "_recovering",
         "_has_state",
+        "_node_copy",
+        "_copy_writer",
     }
 )
 #: What the digest compared after every membership change covers, in its order.
@@ -44,48 +47,6 @@ DIGEST_PARTS = ("commit count", "parameters", "optimizer state", "sampler progre
 
 class StateMismatchError(ElasticError):
     """After a membership change, some ranks do not hold the state every rank should share."""
-
-
-class _TensorTree:
-    """A snapshot of a nested state (dicts, lists, tensors, plain values) whose tensors are
-    copied into buffers kept from one snapshot to the next (no allocation per commit)."""
-
-    def __init__(self) -> None:
-        self.tree: Any = None
-        self._buffers: dict[tuple, torch.Tensor] = {}
-
-    def save(self, tree: Any) -> None:
-        self.tree = self._copy(tree, ())
-
-    def _copy(self, node: Any, path: tuple) -> Any:
-        if isinstance(node, torch.Tensor):
-            buf = self._buffers.get(path)
-            if buf is None or buf.shape != node.shape or buf.dtype != node.dtype:
-                buf = self._buffers[path] = torch.empty_like(node, device=node.device)
-            buf.copy_(node.detach())
-            return buf
-        if isinstance(node, dict):
-            return {k: self._copy(v, (*path, k)) for k, v in node.items()}
-        if isinstance(node, list | tuple):
-            items = [self._copy(v, (*path, i)) for i, v in enumerate(node)]
-            return type(node)(items) if isinstance(node, tuple) else items
-        return copy.deepcopy(node)
-
-    def fresh(self) -> Any:
-        """The snapshot with its tensors cloned (loading must not alias the buffers)."""
-        return _clone(self.tree)
-
-
-def _clone(node: Any) -> Any:
-    if isinstance(node, torch.Tensor):
-        return node.clone()
-    if isinstance(node, dict):
-        return {k: _clone(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_clone(v) for v in node]
-    if isinstance(node, tuple):
-        return tuple(_clone(v) for v in node)
-    return copy.deepcopy(node)
 
 
 class State:
@@ -100,6 +61,11 @@ class State:
 
     ``checkpoint`` (a file path) and ``checkpoint_every=N`` also write the state to disk,
     atomically, every N commits (by rank 0), for restarts of the whole job.
+
+    In an elastic job each commit is also kept on the rank's node, outside the rank process
+    (`longboat.elastic.node_copy`), so that ranks restarted there after every rank died resume
+    from it; ``node_copy=False`` turns that off. A round never resumes below the highest
+    commit the job reached without saying so, and never from nothing (`recovery`).
     """
 
     def __init__(
@@ -110,6 +76,7 @@ class State:
         *,
         checkpoint: str | os.PathLike | None = None,
         checkpoint_every: int = 0,
+        node_copy: bool = True,
         **values: Any,
     ):
         if checkpoint_every < 0 or (checkpoint_every and checkpoint is None):
@@ -122,12 +89,14 @@ class State:
         self.optimizer = optimizer
         self.sampler = sampler
         self.commits = 0
-        self._snapshot = {"model": _TensorTree(), "optimizer": _TensorTree(), "rest": None}
+        self._snapshot = {"model": TensorTree(), "optimizer": TensorTree(), "rest": None}
         self._resets: list[Callable[[], None]] = []
         self._checkpoint = Path(checkpoint) if checkpoint is not None else None
         self._every = checkpoint_every
         self._recovering: float | None = None
         self._has_state = False  # until the first sync: a rank that joins late has none
+        self._node_copy = node_copy
+        self._copy_writer: node_copy.NodeCopy | None = None  # created at the first commit
         _check_model(model)
         self.save()
 
@@ -167,6 +136,7 @@ class State:
         """
         self.commits += 1
         self.save()
+        self._keep_on_node()
         world.record_commits(self.commits)
         if self._recovering is not None:
             _log.warning(
@@ -177,6 +147,56 @@ class State:
         if self._every and self.commits % self._every == 0:
             self.write_checkpoint()
         self.check_membership()
+
+    def _keep_on_node(self) -> None:
+        """Hand this commit to the node's copy (elastic jobs; unsharded: local rank 0 only,
+        since every rank holds the same state)."""
+        if not self._node_copy:
+            return
+        if self._copy_writer is None:
+            directory = node_copy.copy_dir()
+            if directory is None or self._copy_source() != cluster.local_rank():
+                return
+            self._copy_writer = node_copy.NodeCopy(directory, cluster.local_rank())
+        snapshot = self._snapshot
+        parts = {"model": snapshot["model"].tree, "optimizer": snapshot["optimizer"].tree}
+        self._copy_writer.offer(self.commits, {**parts, "rest": snapshot["rest"]})
+
+    def _copy_source(self) -> int:
+        """The local rank whose node copy this rank writes or reads: its own with a sharded
+        optimizer (its slices), else local rank 0's (every rank holds the same state)."""
+        return cluster.local_rank() if optimizer_state.is_sharded(self.optimizer) else 0
+
+    def flush_node_copy(self, timeout: float = 60.0) -> bool:
+        """Wait until this rank's last commit is written to its node copy (True when it is,
+        or when this rank writes none)."""
+        return self._copy_writer is None or self._copy_writer.flush(timeout)
+
+    def _take_node_copy(self) -> None:
+        """A rank (re)started on a node that kept a copy of an earlier rank's last commit
+        holds that state again, as a survivor rolled back to it would."""
+        directory = node_copy.copy_dir()
+        if not self._node_copy or directory is None:
+            return
+        found = node_copy.newest(directory, self._copy_source())
+        if found is None:
+            return
+        commits, saved = found
+        self._snapshot["model"].tree = saved["model"]
+        self._snapshot["optimizer"].tree = saved["optimizer"]
+        self._snapshot["rest"] = saved["rest"]
+        self.restore()
+        self._has_state = True
+        _log.warning("took this node's copy of commit %d (kept when its ranks died)", commits)
+
+    def _copies_note(self) -> str:
+        """Where node copies were looked for, for `recovery.check`'s message."""
+        directory = node_copy.copy_dir()
+        if directory is None:
+            return "not an elastic job"
+        if not self._node_copy:
+            return "node copies are off: lb.elastic.State(node_copy=False)"
+        return f"none in {directory}"
 
     def check_membership(self) -> None:
         """Collective: raise ``MembershipChanged`` if any rank's launcher published a round."""
@@ -195,7 +215,7 @@ class State:
         rest = self._snapshot["rest"]
         self.commits = rest["commits"]
         if self.sampler is not None and rest["sampler"] is not None:
-            self.sampler.load_state_dict(_clone(rest["sampler"]))
+            self.sampler.load_state_dict(clone(rest["sampler"]))
         object.__setattr__(self, "_values", copy.deepcopy(rest["values"]))
 
     # -- across ranks ------------------------------------------------------------------------
@@ -213,10 +233,16 @@ class State:
         digest of its state is compared: `StateMismatchError` (on every rank) names the ranks
         whose state differs from that rank's. A sharded optimizer's slices are resharded over
         the world from the ranks' last commits (``ShardsLostError`` when some left with a
-        rank)."""
+        rank). A rank without state first takes its node's copy of an earlier rank's last
+        commit, if one was kept; `recovery.StateLostError` (on every rank) when no rank holds
+        state although the job had committed steps."""
+        if not self._has_state:
+            self._take_node_copy()
         mine = self.commits if self._has_state else -1  # a newcomer has nothing to give
         held = self._snapshot["optimizer"].tree if self._has_state else None
+        recorded = world.recorded_commits()
         if not (dist.is_initialized() and dist.get_world_size() > 1):
+            recovery.check(recovery.Resume([mine], recorded), self._copies_note())
             self._has_state = True  # alone, this rank holds the state: a joiner receives it
             if dist.is_initialized() and optimizer_state.reshard(self.optimizer, held, mine):
                 self.save()
@@ -224,10 +250,13 @@ class State:
             return 0
         device = control_device()
         counts = [
-            torch.zeros(1, dtype=torch.long, device=device) for _ in range(dist.get_world_size())
+            torch.zeros(2, dtype=torch.long, device=device) for _ in range(dist.get_world_size())
         ]
-        dist.all_gather(counts, torch.tensor([mine], device=device))
-        values = [int(c.item()) for c in counts]
+        dist.all_gather(counts, torch.tensor([mine, recorded], device=device))
+        pairs = [[int(v) for v in c.tolist()] for c in counts]
+        values = [held_commits for held_commits, _ in pairs]
+        resume = recovery.Resume(values, max(reached for _, reached in pairs))
+        recovery.check(resume, self._copies_note())
         source = values.index(max(values))
         received = len(set(values)) > 1
         if received:

@@ -19,11 +19,13 @@ from longboat.elastic.membership import (
     ElasticError,
     Membership,
     elastic_dir,
+    highest_commits,
     read_membership,
     request_regroup,
     require_elastic_dir,
     write_ack,
     write_commits,
+    write_stop,
 )
 from longboat.log import get_logger
 
@@ -75,6 +77,20 @@ def record_commits(commits: int) -> None:
     directory = elastic_dir()
     if directory is not None:
         write_commits(directory, cluster.local_rank(), commits)
+
+
+def recorded_commits() -> int:
+    """The highest commit count the ranks of this node recorded in this job (-1: none, or
+    not an elastic job)."""
+    directory = elastic_dir()
+    return highest_commits([directory]) if directory is not None else -1
+
+
+def stop_job(reason: str) -> None:
+    """Tell this rank's launcher that the job ends here on purpose (no restart helps)."""
+    directory = elastic_dir()
+    if directory is not None:
+        write_stop(directory, cluster.local_rank(), reason)
 
 
 def regroup(reason: str, lost_peer: bool, strategy: Strategy | None = None) -> Membership:

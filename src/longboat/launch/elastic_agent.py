@@ -38,6 +38,7 @@ from longboat.elastic.membership import (
     Membership,
     acknowledged,
     regroup_requests,
+    stop_reason,
     write_membership,
 )
 from longboat.launch.rendezvous import (
@@ -174,7 +175,10 @@ class ElasticAgent(WatchedAgent):
                 self._exit_barrier()
                 return result
             if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-                if self._remaining_restarts > 0:
+                stop = stop_reason(self._dir)
+                if stop and self._on_note is not None:  # a restart cannot help: say why, once
+                    self._on_note(f"the job stops: {stop}")
+                if self._remaining_restarts > 0 and not stop:
                     self._remaining_restarts -= 1
                     self._reason = "ranks of this node failed and were restarted"
                     self._restart_workers(group)

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from longboat.elastic.membership import highest_commits
+
 __all__ = [
     "Fault",
     "FaultError",
@@ -188,21 +190,5 @@ def _undoes(restore: Fault, cut: Fault) -> bool:
 
 
 def highest_step(directories: Sequence[Path]) -> int:
-    """The highest committed step in ``<dir>/commits-*`` of any directory (-1 if none).
-
-    Missing, unreadable or partial files are skipped.
-    """
-    best = -1
-    for directory in directories:
-        try:
-            paths = list(directory.glob("commits-*"))
-        except OSError:
-            continue
-        for path in paths:
-            try:
-                text = path.read_text().strip()
-            except OSError:
-                continue
-            if text.isdigit():
-                best = max(best, int(text))
-    return best
+    """The highest committed step in ``<dir>/commits-*`` of any directory (-1 if none)."""
+    return highest_commits(directories)

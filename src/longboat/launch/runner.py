@@ -10,6 +10,8 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 from rich.console import Console
 from torch.distributed import DistError
@@ -22,11 +24,13 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.launcher.api import LaunchConfig
 
 from longboat.cluster.env import VARIABLES, variable
+from longboat.elastic.node_copy import ENV_COPY_DIR
 from longboat.launch import options, rendezvous, torch_compat
 from longboat.launch.agent import patched_environ, quiet_torch_logging, signals_raise_in_main_thread
 from longboat.launch.arrivals import REPORT_EVERY_S, RendezvousWait, gave_up_line
 from longboat.launch.banner import print_banner, print_job_servers_later
 from longboat.launch.elastic_agent import ElasticAgent, MembershipChange, elastic_directory
+from longboat.launch.elastic_files import elastic_files
 from longboat.launch.log_lock import LogDirBusyError, claim_log_dir
 from longboat.launch.logs import WorkerLogs, log_name
 from longboat.launch.ports import free_port, holder_of, is_free, local_ip_towards
@@ -34,6 +38,7 @@ from longboat.launch.roles import role_of
 from longboat.launch.spec import LaunchOptionError, LaunchSpec
 from longboat.launch.summary import failure_summary, membership_line, restart_line
 from longboat.launch.supervisor import GroupFailedError, Restart, run_agent
+from longboat.launch.torch_noise import quiet_console
 
 _PORT_ATTEMPTS = 5
 #: Elastic jobs: a collective waiting this long on a silent peer gives up (LONGBOAT_TIMEOUT).
@@ -56,11 +61,17 @@ def run(args: argparse.Namespace) -> int:
     except LaunchOptionError as exc:
         console.print(f"longboat launch: {exc}", markup=False)
         return 2
-    code = launch(spec, console)
+    with quiet_console(_say(console), spec.log_dir, spec.node_rank):
+        code = launch(spec, console)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _say(console: Console) -> Callable[[str], None]:
+    """Print one longboat line as it is (never wrapped, no markup)."""
+    return lambda line: console.print(line, markup=False, soft_wrap=True)
 
 
 def launch(spec: LaunchSpec, console: Console) -> int:
@@ -83,17 +94,26 @@ def launch(spec: LaunchSpec, console: Console) -> int:
     except LogDirBusyError as exc:
         console.print(f"longboat launch: {exc}", markup=False)
         return 2
-    with claim:
-        return _launch(spec, console, started, host, explicit)
+    with claim, elastic_files(spec) as copies:
+        return _launch(spec, console, started, host, explicit, copies)
 
 
-def _launch(spec: LaunchSpec, console: Console, started: float, host: str, explicit: bool) -> int:
+def _launch(
+    spec: LaunchSpec,
+    console: Console,
+    started: float,
+    host: str,
+    explicit: bool,
+    copies: Path | None = None,
+) -> int:
     quiet_torch_logging()
     my_ip = "127.0.0.1" if host in ("127.0.0.1", "localhost") else local_ip_towards(host)
     ports = spec.ports or [
         free_port(my_ip if my_ip != "127.0.0.1" else "127.0.0.1") for _ in range(spec.local_procs)
     ]
     env = _rank_env(spec, my_ip, ports)
+    if copies is not None:
+        env[ENV_COPY_DIR] = str(copies)
     run_id = _run_id(spec)
     logs = _logs(spec)
 
