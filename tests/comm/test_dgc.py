@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import torch.distributed as dist
 from longboat.comm.algorithms import make
 from longboat.comm.compress import make_compressor, ring_bytes
 from longboat.comm.compress.dgc import kept, sparsity_at
+from longboat.registry import COMPRESSORS
 from tests._dist import run_ranks
 
 WORLD = 2
@@ -124,3 +126,35 @@ def test_bad_config_is_named():
         make_compressor("dgc", lambda t: None, group, {"sparsity": [1.5]})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown config key"):
         make_compressor("dgc", lambda t: None, group, {"ratio": 0.1})  # type: ignore[arg-type]
+
+
+def test_dgc_declares_what_it_needs_from_the_engine():
+    entry = COMPRESSORS.entry("dgc")
+    assert entry.momentum and not entry.elastic and entry.state == "residuals and momentum"
+    assert entry.cost is not None
+
+
+def test_the_engine_reads_the_declaration_not_the_name():
+    """A compressor of another name declaring DGC's traits gets DGC's treatment: the optimizer's
+    momentum in its config, no autotuning, no elastic rebuild."""
+    from longboat.collective import autotune, engine, rebuild
+    from longboat.collective.plan import CompressionPlan
+
+    def factory(inner: Any, group: Any, config: Any) -> Any:
+        return make_compressor("none", inner, group)
+
+    with COMPRESSORS.scoped():
+        COMPRESSORS.register("toy_momentum", momentum=True, elastic=False, state="its momentum")(
+            factory
+        )
+        plan = SimpleNamespace(compression=CompressionPlan(name="toy_momentum"), local_sgd=None)
+        sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=0.9)
+        assert engine._compressor_config(plan, sgd)["momentum"] == 0.9  # type: ignore[arg-type]
+        assert autotune.untunable(plan, 2) == (  # type: ignore[arg-type]
+            "toy_momentum keeps its momentum in one reducer's compressors"
+        )
+        with pytest.raises(rebuild.RebuildError, match="toy_momentum keeps its momentum per rank"):
+            rebuild.check_rebuildable(SimpleNamespace(plan=plan, tuner=None))  # type: ignore[arg-type]
+        plain = SimpleNamespace(compression=CompressionPlan(name="none"), local_sgd=None)
+        assert "momentum" not in engine._compressor_config(plain, sgd)  # type: ignore[arg-type]
+        assert autotune.untunable(plain, 2) is None  # type: ignore[arg-type]

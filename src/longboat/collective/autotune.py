@@ -77,11 +77,9 @@ def untunable(plan: CollectivePlan, world_size: int) -> str | None:
         return "one rank has no gradients to communicate"
     if plan.local_sgd is not None:
         return "local SGD averages parameters instead of allreducing gradients"
-    if plan.compression.name == "dgc":
-        return "DGC's residuals and momentum live in one reducer's compressors"
-    if plan.compression.lossy:
-        label = COMPRESSORS.entry(plan.compression.name).label
-        return f"{label}'s error feedback lives in one reducer's compressors"
+    entry = COMPRESSORS.entry(plan.compression.name)
+    if entry.state or entry.lossy:
+        return f"{entry.label} keeps {entry.state or 'error feedback'} in one reducer's compressors"
     return None
 
 

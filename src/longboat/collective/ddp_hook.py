@@ -35,6 +35,7 @@ from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.compress import make_compressor
 from longboat.comm.handles import completed, future_of, wait_for
 from longboat.comm.serial import SerialAllreduce
+from longboat.registry import COMPRESSORS
 from longboat.strategy import Strategy
 
 Hook = Callable[["HookState", dist.GradBucket], Future]
@@ -90,11 +91,11 @@ def ddp_comm_hook(
         ranks = dist.get_process_group_ranks(group)
         placement = Placement.of([placement.node_of[r] for r in ranks], placement.backend, False)
     plan = resolve(strategy, placement)
-    if plan.compression.name == "dgc":
+    if COMPRESSORS.entry(plan.compression.name).momentum:
         raise ValueError(
-            "dgc cannot run as a DDP communication hook: its momentum correction replaces the "
-            "optimizer's momentum, which needs lb.distribute's optimizer; use lb.distribute, or "
-            "gradient_compression='powersgd' / 'bf16' with DDP"
+            f"{plan.compression.name} cannot run as a DDP communication hook: its momentum "
+            "correction replaces the optimizer's momentum, which needs lb.distribute's "
+            "optimizer; use lb.distribute, or gradient_compression='powersgd' / 'bf16' with DDP"
         )
     inner = algorithms.make(plan.comm.algorithm, group, plan.comm.options)
     compressor = make_compressor(plan.compression.name, inner, group, plan.compression.config)

@@ -57,6 +57,7 @@ from longboat.optim import wrap_optimizer
 from longboat.optim.staged import Stage, StagedOptimizer
 from longboat.ownership import admit
 from longboat.recompute import apply_recompute
+from longboat.registry import COMPRESSORS
 from longboat.strategy import Strategy
 from longboat.trace import attach
 from longboat.trace.stall import waiting, watch_collectives
@@ -247,7 +248,7 @@ def _wrap_optimizer(
     stages: list[Stage] = []
     if scaled:
         stages.append(LossScaling(wrapped))
-    if plan.compression.name == "dgc":
+    if COMPRESSORS.entry(plan.compression.name).momentum:  # its momentum replaces the optimizer's
         stages.append(DGCMomentum([c.state for c in wrapped.compressors], optimizer))
     if wrapped.k_steps > 1:
         stages.append(MergeGate(wrapped))
@@ -284,9 +285,10 @@ def _local_sgd(
 
 
 def _compressor_config(plan: CollectivePlan, optimizer: torch.optim.Optimizer | None) -> dict:
-    """The plan's compressor config ('none' counts bytes); DGC takes the optimizer's momentum."""
+    """The plan's compressor config ('none' counts bytes); a compressor that declares
+    ``momentum`` (DGC) takes the optimizer's momentum and applies it itself."""
     config = dict(plan.compression.config)
-    if plan.compression.name == "dgc":  # DGC applies the optimizer's momentum itself
+    if COMPRESSORS.entry(plan.compression.name).momentum:
         config["momentum"] = dgc_momentum(optimizer)
     return config
 

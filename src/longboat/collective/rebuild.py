@@ -9,6 +9,7 @@ from longboat.collective.model import DistributedModel
 from longboat.collective.sharding.slices import step_of
 from longboat.collective.sharding.step import ShardedStep
 from longboat.optim.staged import StagedOptimizer
+from longboat.registry import COMPRESSORS
 from longboat.trace import attach
 
 
@@ -26,10 +27,12 @@ def check_rebuildable(model: DistributedModel) -> None:
             "Strategy(auto=True) times reducers for one world; elastic training needs fixed "
             "settings: set auto=False and the fields the tuner chose (longboat bench comm)"
         )
-    if plan.compression.name == "dgc":
+    entry = COMPRESSORS.entry(plan.compression.name)
+    if not entry.elastic:
+        off = f"{entry.switch}=False" if entry.switch else "another gradient_compression"
         raise RebuildError(
-            "DGC keeps residuals and momentum per rank, which a new world cannot take over; "
-            "elastic training supports the other compressors: set dgc=False"
+            f"{entry.label} keeps {entry.state or 'state'} per rank, which a new world cannot "
+            f"take over; elastic training supports the other compressors: set {off}"
         )
 
 
