@@ -49,3 +49,50 @@ def local_ip_towards(host: str) -> str:
             return str(s.getsockname()[0])
     except OSError:
         return "127.0.0.1"
+
+
+def is_own_address(host: str) -> bool:
+    """Whether ``host`` names an address of this machine (it can be bound here)."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET)}
+    except OSError:
+        return False
+    for address in addresses:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((address, 0))
+                return True
+            except OSError:
+                continue
+    return False
+
+
+def unreachable_reason(host: str, port: int, timeout: float = 2.0) -> str | None:
+    """Why ``host:port`` cannot be reached from here, or None when the host answers (a
+    refused connection counts as an answer: node 0 may not listen yet)."""
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except ConnectionRefusedError:
+        return None
+    except socket.gaierror:
+        return "the name does not resolve"
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
+def master_note(host: str, port: int, node_ip: str) -> str | None:
+    """One line when ``--master`` is neither an address of this node nor reachable from it."""
+    if host in ("", "127.0.0.1", "localhost") or is_own_address(host):
+        return None
+    why = unreachable_reason(host, port)
+    if why is None:
+        return None
+    return (
+        f"longboat launch: --master {host}:{port} is not an address of this node ({node_ip}) "
+        f"and cannot be reached from it ({why}); check the address: node 0 gives one of its "
+        "own, every node the same, and it must be reachable from every node (routes, "
+        "firewall; `longboat doctor` checks it)"
+    )

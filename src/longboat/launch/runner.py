@@ -33,12 +33,12 @@ from longboat.launch.elastic_agent import ElasticAgent, MembershipChange, elasti
 from longboat.launch.elastic_files import elastic_files
 from longboat.launch.log_lock import LogDirBusyError, claim_log_dir
 from longboat.launch.logs import WorkerLogs, log_name
-from longboat.launch.ports import free_port, holder_of, is_free, local_ip_towards
+from longboat.launch.ports import free_port, holder_of, is_free, local_ip_towards, master_note
 from longboat.launch.roles import role_of
 from longboat.launch.spec import LaunchOptionError, LaunchSpec
 from longboat.launch.summary import failure_summary, membership_line, restart_line
 from longboat.launch.supervisor import GroupFailedError, Restart, run_agent
-from longboat.launch.torch_noise import quiet_console
+from longboat.launch.torch_noise import first_line, quiet_console
 
 _PORT_ATTEMPTS = 5
 #: Elastic jobs: a collective waiting this long on a silent peer gives up (LONGBOAT_TIMEOUT).
@@ -130,6 +130,9 @@ def _launch(
             master = f"{host}:{port}"
             if attempt == 1:
                 print_banner(spec, master, my_ip, _rows(spec, my_ip, ports), console)
+                note = master_note(host, port, my_ip) if spec.nnodes > 1 else None
+                if note is not None:
+                    console.print(note, markup=False, soft_wrap=True)
                 if spec.multinode_ps:
                     print_job_servers_later(master, spec.timeout, console)
             waiting = _waiting(spec, master, console)
@@ -161,7 +164,8 @@ def _launch(
             except RendezvousConnectionError as exc:
                 if explicit or attempt == _PORT_ATTEMPTS:
                     console.print(
-                        f"longboat launch: rendezvous on {master} failed: {exc}", markup=False
+                        f"longboat launch: rendezvous on {master} failed: {first_line(exc)}",
+                        markup=False,
                     )
                     return 1
             except GroupFailedError as exc:
