@@ -260,26 +260,27 @@ def _clear_commits(plan: Plan, log_dir: Path) -> None:
 
 
 def print_topology(plan: Plan) -> None:
-    """The emulated cluster as a table: node, namespace, address, interfaces, shaping."""
-    latency = f"{plan.latency_s * 1e3:g} ms" if plan.latency_s else "-"
+    """The emulated cluster as a table (node, namespace, address, interface, bridge port) under
+    one line with the shaping every link shares; it fits 100 columns."""
+    latency = f", {plan.latency_s * 1e3:g} ms latency" if plan.latency_s else ""
     bridge = plan.bridge + (f" ({plan.bridge_address}, rendezvous)" if plan.bridge_address else "")
-    table = Table(title=f"longboat emulate: run {plan.run_id}, bridge {bridge}")
-    for column in ("node", "namespace", "address", "interface", "bridge port", "rate", "latency"):
+    table = Table(
+        title=f"longboat emulate: run {plan.run_id}, bridge {bridge}",
+        caption=f"every link: {plan.rate} (burst {plan.burst_bytes // 1024} KiB){latency}",
+    )
+    for column in ("node", "namespace", "address", "interface", "bridge port"):
         table.add_column(column, no_wrap=True)
     spares = {n.index for n in plan.nodes[len(plan.initial_nodes) :]}
     for n in plan.nodes:
-        rate = f"{plan.rate} (burst {plan.burst_bytes // 1024} KiB)"
         table.add_row(
             f"{n.index} (spare)" if n.index in spares else str(n.index),
             n.namespace,
             f"{n.address}/{plan.subnet.prefixlen}",
             n.ifname,
             n.bridge_port,
-            rate,
-            latency,
         )
     console = Console(stderr=True)
-    if not console.is_terminal:  # a log file or pipe: do not squeeze the table into 80 columns
+    if not console.is_terminal and "COLUMNS" not in os.environ:  # a log file: do not squeeze
         console = Console(stderr=True, width=160)
     console.print(table)
 

@@ -97,26 +97,41 @@ def _label(model: str, rows: Sequence[dict[str, Any]]) -> str:
     return f"{model} (compiled)" if rows and rows[0].get("compiled") else model
 
 
+#: the terminal table's ratio columns and what each one divides (step times, paired by round)
+RATIO_COLUMNS = (
+    ("lb/DDP", "longboat_over_ddp", "longboat over DDP"),
+    ("lb/lean", "longboat_over_ddp_lean", "longboat over lean DDP (no buffer broadcast, bucket views)"),
+    ("nosync/DDP", "no_sync_over_ddp", "no gradient exchange over DDP (the floor)"),
+)
+LEGEND = (
+    "step-time ratios, paired round by round (below 1: the first is faster): "
+    + "; ".join(f"{head} = {what}" for head, _, what in RATIO_COLUMNS)
+)
+
+
+#: the sharding table's headers in a terminal, where its Markdown ones would not fit 100 columns
+SHORT_HEADS = {
+    "sharded longboat / system": "sharded/this",
+    "optimizer state MB": "optim. MB",
+    "gradients MB": "grads MB",
+    "allocated MB": "alloc. MB",
+}
+
+
 def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
+    """The rows as a table that fits a 100-column terminal (cells wrap, never cut) and a legend
+    line for the ratio columns; with sharding, the sharding table after it."""
     from rich.console import Console
     from rich.table import Table
 
+    first = rows[0]
     table = Table(
-        title=f"bench train: {_label(model, rows)} ({rows[0]['params'] / 1e6:.2f} M params, batch {rows[0]['batch_per_rank']}/rank, {rows[0].get('device', 'cpu')})"
-    )  # noqa: E501
-    for column in (
-        "system",
-        "ranks",
-        "step ms",
-        "samples/s",
-        "speedup",
-        "efficiency",
-        "input wait",
-        "longboat/DDP",
-        "longboat/DDP lean",
-        "no-sync/DDP",
-    ):  # noqa: E501
-        table.add_column(column, justify="right")
+        title=f"bench train: {_label(model, rows)} ({first['params'] / 1e6:.2f} M params, batch "
+        f"{first['batch_per_rank']}/rank, {first.get('device', 'cpu')})"
+    )
+    heads = ("system", "ranks", "step ms", "samples/s", "speedup", "effic.", "input wait")
+    for column in heads + tuple(head for head, _, _ in RATIO_COLUMNS):
+        table.add_column(column, justify="right", overflow="fold")
     for r in rows:
         table.add_row(
             r["system"],
@@ -126,22 +141,25 @@ def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
             _ratio(r["speedup"], "{:.2f}x"),
             _ratio(r["efficiency"], "{:.0%}"),
             f"{r['data_fraction']:.0%}" + (" INPUT-BOUND" if r["input_bound"] else ""),
-            f"{r['longboat_over_ddp']:.3f}",
-            _ratio(r.get("longboat_over_ddp_lean"), "{:.3f}"),
-            _ratio(r.get("no_sync_over_ddp"), "{:.3f}"),
+            *(_ratio(r.get(key), "{:.3f}") for _, key, _ in RATIO_COLUMNS),
         )
     console = Console()
-    console.width = max(console.width, 110)
     console.print(table)
+    console.print(LEGEND, highlight=False)
     shards = sharding_table(rows)
     if shards is not None:
         head, cells = shards
         second = Table(title=f"bench train: {_label(model, rows)}, sharding against the rest")
         for column in head:
-            second.add_column(column, justify="right")
+            second.add_column(SHORT_HEADS.get(column, column), justify="right", overflow="fold")
         for row in cells:
             second.add_row(*row)
         console.print(second)
+        console.print(
+            "sharded/this: sharded longboat's step time over this system's, paired round by "
+            "round (below 1: sharded longboat is faster)",
+            highlight=False,
+        )
 
 
 def markdown(model: str, rows: Sequence[dict[str, Any]]) -> str:
