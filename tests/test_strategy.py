@@ -160,6 +160,8 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "segment_broadcast_MB": 32.0,
         "comm_overlap": False,  # the name (and default) of Paddle's dygraph sharding key
         "segment_anchors": [],
+        "units": [],  # longboat's stage 3 keys (FSDP2)
+        "offload": False,
         "gradient_merge_acc_step": 1,
         "optimize_offload": False,
         "dp_degree": 1,
@@ -527,7 +529,29 @@ CONFLICT_CASES = [
     ({"gradient_compression": "fp16"}, "localsgd", True, "gradient_compression"),
     ({"mode": "ps", "a_sync_configs": {"k_steps": 0}}, "mode", "collective", "a_sync_configs"),
     ({"allreduce_algorithm": "ring"}, "use_hierarchical_allreduce", True, "allreduce_algorithm"),
-    ({"sharding_configs": {"stage": 3}}, "sharding", True, "sharding_configs"),
+    *(
+        ({"sharding_configs": {"stage": 3}, other: value}, "sharding", True, other)
+        for other, value in (
+            ("dgc", True),
+            ("gradient_compression", "powersgd"),
+            ("allreduce_algorithm", "ring"),
+            ("use_hierarchical_allreduce", True),
+            ("lars", True),
+            ("lamb", True),
+            ("sync_batch_norm", True),
+            ("timeline", "timeline.json"),
+            ("elastic", True),
+            ("fuse_elewise_add_act_ops", True),
+            ("fuse_bn_act_ops", True),
+            ("fuse_relu_depthwise_conv", True),
+        )
+    ),
+    (
+        {"sharding_configs": {"stage": 3}, "amp": True, "amp_configs": {"dtype": "float16"}},
+        "sharding",
+        True,
+        "amp",
+    ),
     ({"sharding_configs": {"optimize_offload": True}}, "sharding", True, "sharding_configs"),
     ({"mode": "ps"}, "sharding", True, "mode"),
     ({"find_unused_parameters": True}, "sharding", True, "find_unused_parameters"),

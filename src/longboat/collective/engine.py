@@ -87,6 +87,10 @@ def distribute(
     if not cluster.is_initialized():  # lb.distribute has called lb.init; a direct call joins
         cluster.init(strategy)
     plan = resolve(strategy, live_placement())  # below here only the plan is read
+    if plan.sharding is not None and plan.sharding.stage == 3:  # FSDP2: longboat.sharding
+        from longboat.sharding.fsdp import distribute_fully_sharded
+
+        return distribute_fully_sharded(model, optimizer, plan)  # type: ignore[return-value]
     model, named = _prepare(model, plan)
     comm = join_world(model, plan)
     shards = shard_groups(plan)  # sharding (ZeRO): collective, the same order on every rank

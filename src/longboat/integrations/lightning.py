@@ -179,6 +179,12 @@ def admit_strategy(strategy: Strategy) -> Strategy:
             "Trainer(accumulate_grad_batches=k) instead (longboat skips the allreduce of the "
             "accumulating backwards, as gradient merge does)."
         )
+    if strategy.sharding and strategy.sharding_configs["stage"] == 3:
+        raise ValueError(
+            "LongboatStrategy does not run sharding stage 3 (Lightning's hooks and callbacks "
+            "read whole parameters): use sharding_configs['stage'] 1 or 2, or Lightning's "
+            "FSDPStrategy"
+        )
     return strategy
 
 

@@ -146,6 +146,14 @@ SHARDING_CONFIGS = Config(
             "(False: inside optimizer.step(), every parameter whole when it returns)",
         ),
         KeySpec("segment_anchors", StrList(), [], "variables that end a segment"),
+        KeySpec(
+            "units",
+            StrList(),
+            [],
+            "stage 3: module classes or names that become FSDP units (empty: chosen from "
+            "fuse_grad_size_in_MB)",
+        ),
+        KeySpec("offload", Bool(), False, "stage 3: parameter shards in CPU memory"),
         KeySpec("gradient_merge_acc_step", Int(1), 1, "gradient merge steps inside sharding"),
         KeySpec("optimize_offload", Bool(), False, "optimizer state in CPU memory"),
         KeySpec("dp_degree", Int(1), 1, "data-parallel ranks beside the sharding group"),

@@ -30,6 +30,53 @@ _SHARDING_REFUSED_KEYS = {
 }
 
 
+def _on(x: object) -> bool:
+    return x is True
+
+
+_STAGE3_REFUSED = (
+    ("dgc", _on, "True", "reduce-scatters whole gradients: use stage 1, or drop dgc"),
+    (
+        "gradient_compression",
+        lambda x: x not in ("none", "fp16", "bf16"),
+        "not 'none'/'fp16'/'bf16'",
+        "reduce-scatters in one dtype: use 'fp16' or 'bf16' (the reduce dtype), or stage 1",
+    ),
+    (
+        "allreduce_algorithm",
+        lambda x: x not in ("topology", "native"),
+        "not 'topology'/'native'",
+        "reduces with the backend's own collectives: use 'native', or stage 1",
+    ),
+    (
+        "use_hierarchical_allreduce",
+        _on,
+        "True",
+        "reduces with its own collectives: sharding_degree below the world size shards "
+        "within groups and replicates across them (HSDP)",
+    ),
+    *(
+        (name, _on, "True", f"keeps parameters as shards, and {what}: use stage 1 or 2")
+        for name, what in (
+            ("lars", "LARS's layer norms are not taken over them"),
+            ("lamb", "LAMB's layer norms are not taken over them"),
+            ("sync_batch_norm", "sync BN is not supported on them"),
+            ("elastic", "resharding them after a membership change is not implemented"),
+        )
+    ),
+    (
+        "timeline",
+        lambda x: x is not None,
+        "set",
+        "reduces inside FSDP2, and the timeline records longboat's reducer: drop timeline",
+    ),
+    *(
+        (name, _on, "True", "wraps the module before it is compiled: compile it yourself")
+        for name in ("fuse_elewise_add_act_ops", "fuse_bn_act_ops", "fuse_relu_depthwise_conv")
+    ),
+)
+
+
 def _sharding_key_refused(v: Values) -> bool:
     c = v["sharding_configs"]
     return v["sharding"] is True and any(
@@ -38,14 +85,25 @@ def _sharding_key_refused(v: Values) -> bool:
 
 
 _SHARDING_CONFLICTS: tuple[Conflict, ...] = (
+    *(
+        Conflict(
+            "sharding",
+            other,
+            lambda v, o=other, bad=bad: _sharding_stage(v, 3) and bad(v[o]),
+            f"sharding stage 3 runs on torch's FSDP2, which {why}",
+            f"sharding True with sharding_configs['stage'] == 3 and {other} {what}",
+        )
+        for other, bad, what, why in _STAGE3_REFUSED
+    ),
     Conflict(
         "sharding",
-        "sharding_configs",
-        lambda v: _sharding_stage(v, 3),
-        "stage 3 splits the parameters themselves, so every forward and backward gathers them; "
-        "longboat keeps a full replica of the parameters: use stage 1 or 2, or "
-        "torch.distributed.fsdp (FSDP / fully_shard) for stage 3",
-        "sharding True and sharding_configs['stage'] == 3",
+        "amp",
+        lambda v: (
+            _sharding_stage(v, 3) and v["amp"] is True and v["amp_configs"]["dtype"] == "float16"
+        ),
+        "sharding stage 3 computes in AMP's dtype through FSDP2, and float16 loss scaling over "
+        "its sharded gradients is not implemented: use amp_configs['dtype']='bfloat16'",
+        "sharding True with sharding_configs['stage'] == 3 and amp True with dtype 'float16'",
     ),
     Conflict(
         "sharding",

@@ -401,7 +401,7 @@ DISTRIBUTED_FIELDS: tuple[FieldSpec, ...] = (
         "sharding (ZeRO): optimizer state, gradients or parameters split across ranks",
         implemented(
             "ZeRO stage 1 (optimizer state) and stage 2 (+ gradients) inside data "
-            "parallelism, see docs/sharding.md; stage 3 (parameters) is refused: use FSDP"
+            "parallelism, stage 3 (+ parameters) on torch's FSDP2, see docs/sharding.md"
         ),
     ),
     FieldSpec(
@@ -410,11 +410,12 @@ DISTRIBUTED_FIELDS: tuple[FieldSpec, ...] = (
         None,
         "sharding (ZeRO): optimizer state, gradients or parameters split across ranks: settings",
         implemented(
-            "read: stage (1 or 2), sharding_degree, dp_degree (1 or world / sharding_degree), "
+            "read: stage (1, 2 or 3), sharding_degree, dp_degree (1 or world / sharding_degree), "
             "comm_overlap (opt-in: the all-gather during the next forward); segment_broadcast_MB has "
             "no effect (the all-gather goes bucket by bucket); "
             "gradient_merge_acc_step, optimize_offload, segment_anchors, mp_degree and "
-            "pp_degree are refused at their non-default values"
+            "pp_degree are refused at their non-default values; stage 3 also reads units and "
+            "offload"
         ),
     ),
     *_outside(

@@ -14,7 +14,7 @@ class ShardingPlan:
     """ZeRO stage and the number of ranks the state is split over."""
 
     stage: int
-    """1: optimizer state; 2: + gradients."""
+    """1: optimizer state; 2: + gradients; 3: + parameters (FSDP2, ``longboat.sharding``)."""
     degree: int
     """Ranks per shard group; 0: every rank of the job."""
     dp_degree: int
@@ -22,6 +22,10 @@ class ShardingPlan:
     overlap: bool = False
     """``sharding_configs['comm_overlap']``: all-gather the parameters during the next forward
     (False: inside ``optimizer.step()``)."""
+    units: tuple[str, ...] = ()
+    """Stage 3: ``sharding_configs['units']``, module classes or names; empty: from the plan."""
+    offload: bool = False
+    """Stage 3: ``sharding_configs['offload']``, the shards in CPU memory."""
 
     @classmethod
     def of(cls, strategy: Strategy) -> ShardingPlan | None:
@@ -34,6 +38,8 @@ class ShardingPlan:
             degree=int(c["sharding_degree"]),
             dp_degree=int(c["dp_degree"]),
             overlap=bool(c["comm_overlap"]),
+            units=tuple(c["units"]),
+            offload=bool(c["offload"]),
         )
 
     def describe(self, degree: int) -> str:

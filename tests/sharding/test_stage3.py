@@ -1,0 +1,169 @@
+"""Sharding stage 3 (FSDP2) at 2 Gloo ranks equals one process on the same global batches
+(float32, within 1e-5): one spawn runs every case, each test checks one against its reference."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from tests._dist import run_ranks
+from tests.sharding import _lm
+
+WORLD, STEPS, BATCH, TOL = 2, 3, 4, 1e-5
+
+
+def _opt(kind: str, net: torch.nn.Module) -> torch.optim.Optimizer:
+    if kind == "sgd":
+        return torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9)
+    if kind == "adamw":
+        return torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1)
+    decay = [p for n, p in net.named_parameters() if p.dim() > 1]
+    rest = [p for n, p in net.named_parameters() if p.dim() <= 1]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0, "lr": 3e-2}],
+        lr=1e-2,
+    )
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "sgd_momentum": {"opt": "sgd"},
+    "adamw_block_units": {"opt": "adamw", "configs": {"units": ["Block"]}},
+    "groups_scheduler": {
+        "opt": "groups",
+        "scheduler": True,
+        "fields": {"fuse_grad_size_in_MB": 0.004},
+    },
+    "clip": {"opt": "sgd", "clip": 0.3},
+    "merge": {"opt": "adamw", "k_steps": 2},
+    "hsdp": {"opt": "adamw", "configs": {"sharding_degree": 1}},
+}
+
+
+def _case(name: str, rank: int, world: int) -> dict[str, Any]:
+    import longboat as lb
+
+    case = CASES[name]
+    net = _lm.model()
+    optimizer = _opt(case["opt"], net)
+    scheduler = (
+        torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        if case.get("scheduler")
+        else None
+    )
+    fields = dict(case.get("fields", {}))
+    if case.get("k_steps"):
+        fields.update(gradient_merge=True, gradient_merge_configs={"k_steps": case["k_steps"]})
+    strategy = lb.Strategy(
+        sharding=True, sharding_configs={"stage": 3, **case.get("configs", {})}, **fields
+    )
+    model, opt = lb.distribute(net, optimizer, strategy)
+    k = case.get("k_steps", 1)
+    norms = _lm.train(
+        model,
+        opt,
+        _lm.batches(STEPS * k, BATCH),
+        rank=rank,
+        world=world,
+        k_steps=k,
+        clip=case.get("clip"),
+        scheduler=scheduler,
+        clip_fn=model.clip_grad_norm_,
+    )
+    local = {n: p.to_local().shape for n, p in model.module.named_parameters()}
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "norms": norms,
+        "local_numel": sum(s.numel() for s in local.values()),
+        "lr": [g["lr"] for g in optimizer.param_groups],
+    }
+
+
+def _all_cases(rank: int, world: int) -> dict[str, Any]:
+    import longboat as lb
+
+    lb.init(backend="gloo")
+    return {name: _case(name, rank, world) for name in CASES}
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict[str, Any]]:
+    return run_ranks(_all_cases, WORLD, timeout=240)
+
+
+def _reference(name: str) -> dict[str, Any]:
+    case = CASES[name]
+    net = _lm.model()
+    optimizer = _opt(case["opt"], net)
+    scheduler = (
+        torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        if case.get("scheduler")
+        else None
+    )
+    k = case.get("k_steps", 1)
+
+    def clip(max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+
+    norms = _lm.train(
+        net,
+        optimizer,
+        _lm.batches(STEPS * k, BATCH),
+        k_steps=k,
+        clip=case.get("clip"),
+        scheduler=scheduler,
+        clip_fn=clip,
+    )
+    return {"model": net, "optimizer": optimizer, "norms": norms}
+
+
+def _check(got: dict[str, Any], name: str) -> None:
+    ref = _reference(name)
+    expected = {f"module.{k}": v for k, v in ref["model"].state_dict().items()}
+    assert got["model"].keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(got["model"][key], value, atol=TOL, rtol=TOL, msg=key)
+    plain = ref["optimizer"].state_dict()
+    assert got["optimizer"]["param_groups"] == plain["param_groups"]
+    assert got["optimizer"]["state"].keys() == plain["state"].keys()
+    for i, state in plain["state"].items():
+        for key, value in state.items():
+            torch.testing.assert_close(
+                got["optimizer"]["state"][i][key], value, atol=TOL, rtol=TOL, msg=f"{i}.{key}"
+            )
+    assert got["norms"] == pytest.approx(ref["norms"], rel=TOL)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_stage3_equals_one_process(ranks: list[dict[str, Any]], name: str) -> None:
+    for rank in ranks:
+        _check(rank[name], name)
+
+
+def test_parameters_are_split(ranks: list[dict[str, Any]]) -> None:
+    total = sum(p.numel() for p in _lm.model().parameters())
+    for rank in ranks:
+        assert rank["sgd_momentum"]["local_numel"] <= total // WORLD + 64
+    hsdp = [rank["hsdp"]["local_numel"] for rank in ranks]
+    assert hsdp == [total, total]  # shard groups of one rank: every rank holds a copy
+
+
+def test_state_dicts_load_into_the_unsharded_model(ranks: list[dict[str, Any]]) -> None:
+    got = ranks[0]["adamw_block_units"]
+    plain = _lm.model(seed=5)
+    plain.load_state_dict({k.removeprefix("module."): v for k, v in got["model"].items()})
+    optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
+    optimizer.load_state_dict(copy.deepcopy(got["optimizer"]))
+    ref = _reference("adamw_block_units")
+    for (name, p), q in zip(plain.named_parameters(), ref["model"].parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=TOL, rtol=TOL, msg=name)
+    assert plain.head.weight is plain.embed.weight
+
+
+def test_scheduler_on_the_users_optimizer_moves_the_sharded_step(
+    ranks: list[dict[str, Any]],
+) -> None:
+    assert ranks[0]["groups_scheduler"]["lr"] == [1e-2 * 0.5**STEPS, 3e-2 * 0.5**STEPS]
