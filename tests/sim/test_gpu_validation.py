@@ -81,3 +81,21 @@ def test_the_held_out_row_is_where_the_loader_default_comes_from(validation) -> 
     assert abs(DEFAULT_WORKER_RATE / per_process - 1) < 0.01
     loaders = [r for r in rows if r.model == "resnet50" and r.gpus > 1 and r.predicts]
     assert loaders and all(abs(r.error) <= 0.10 for r in loaders)
+
+
+def test_the_recorded_error_per_interconnect_is_the_rows(validation) -> None:  # noqa: ANN001
+    """`longboat.sim.error` (the margin of `--recommend`) holds each GPU kind's median |error|
+    over the published rows of that kind."""
+    from longboat.sim.error import EMULATED_HOSTS, KNOWN, kind_of
+
+    module, rows = validation
+    data = module.load()
+    tables = {t["name"]: t for t in data["tables"]}
+    errors: dict[str, list[float]] = {}
+    for r in rows:
+        if r.predicts:
+            kind = kind_of(module.cluster_of(data, tables[r.table], r.gpus))
+            assert kind is not None, f"{r.table} at {r.gpus} GPUs is of no validated kind"
+            errors.setdefault(kind.kind, []).append(abs(r.error))
+    recorded = {k.kind: k.median for k in KNOWN if k is not EMULATED_HOSTS}
+    assert {k: round(statistics.median(e), 3) for k, e in errors.items()} == recorded

@@ -423,7 +423,7 @@ def run(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     from longboat.sim import report
     from longboat.sim.predict import simulate
-    from longboat.sim.recommend import recommend, to_yaml
+    from longboat.sim.recommend import recommend, to_yaml, verdict
     from longboat.sim.sweep import device_counts, plot, sweep
 
     prof = _profile(args, True)
@@ -468,6 +468,7 @@ def _predict(args: argparse.Namespace) -> int:
     if args.recommend:
         choices = recommend(prof, cl, args.lossy, args.top, exact=args.exact)
         report.recommend_table(choices, here)
+        print(verdict(choices, prof, cl))
         best = choices[0]
         text = to_yaml(
             best,

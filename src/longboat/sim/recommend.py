@@ -22,6 +22,7 @@ from longboat.collective.plan import resolve_compression
 from longboat.registry import COMPRESSORS
 from longboat.sim import cost
 from longboat.sim.cluster import Cluster
+from longboat.sim.error import known_error
 from longboat.sim.predict import Prediction, collective_plan, resolve, simulate
 from longboat.sim.profile import Profile
 from longboat.strategy import Strategy, StrategyError
@@ -92,8 +93,10 @@ def recommend(
 ) -> list[Choice]:
     """The ``top`` candidates: those within ``TIE`` of the fastest first, the fewest changed
     settings first (a predicted gain below ``TIE`` is no reason to change a setting), then the
-    rest, fastest first. Fields equal to what the default Strategy runs with on ``cluster``
-    (topology-chosen settings resolved) are dropped."""
+    rest, fastest first; but the default Strategy first wherever the best candidate's predicted
+    gain over it is within the simulator's known error on ``cluster``
+    (`longboat.sim.error.known_error`; `verdict` says which). Fields equal to what the default
+    Strategy runs with on ``cluster`` (topology-chosen settings resolved) are dropped."""
     cluster = resolve(cluster, profile)  # the backend the profile implies (device: profiled)
     default = collective_plan(Strategy(), cluster).comm
     defaults = Strategy().to_dict() | {
@@ -122,7 +125,46 @@ def recommend(
         near = c.prediction.step_s <= best * (1 + TIE)
         return (not near, len(c.fields) if near else 0, c.prediction.step_s)
 
-    return sorted(choices, key=order)[:top]
+    ranked = sorted(choices, key=order)
+    default = next((c for c in ranked if not c.fields), None)
+    if default is not None and gain(default, ranked[0]) <= known_error(cluster).median:
+        ranked = [default, *(c for c in ranked if c is not default)]
+    return ranked[:top]
+
+
+def percent(fraction: float) -> str:
+    return f"{fraction * 100:.1f} %"
+
+
+def gain(current: Choice, other: Choice) -> float:
+    """How much less time a step of ``other`` is predicted to take than one of ``current``."""
+    return 1.0 - other.prediction.step_s / current.prediction.step_s
+
+
+def verdict(choices: list[Choice], profile: Profile, cluster: Cluster) -> str:
+    """What `recommend`'s ``choices`` say, in one line: the change and its predicted gain over
+    the default Strategy beyond the simulator's known error on ``cluster``, or that no change
+    is predicted beyond it (the best candidate's gain, and the error it falls within)."""
+    error = known_error(resolve(cluster, profile))
+    if not choices:
+        return "no Strategy to recommend"
+    first = choices[0]
+    if first.fields:
+        default = simulate(profile, cluster, Strategy())
+        ahead = 1.0 - first.prediction.step_s / default.step_s
+        return (
+            f"recommended: predicted {percent(ahead)} faster than the default Strategy, beyond "
+            f"the simulator's error ({error})"
+        )
+    faster = [c for c in choices[1:] if gain(first, c) > 0]
+    if not faster:
+        return "the default Strategy is predicted fastest: keep the settings"
+    best = min(faster, key=lambda c: c.prediction.step_s)
+    return (
+        f"no change predicted beyond the simulator's error ({percent(error.median)}): keep "
+        f"the settings; the best change is predicted {percent(gain(first, best))} faster, "
+        f"within the error ({error})"
+    )
 
 
 def fitting(choices: list[Choice], cluster: Cluster) -> list[Choice]:
