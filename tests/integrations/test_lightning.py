@@ -5,6 +5,7 @@ global batch, for the default Strategy and non-default ones, with Lightning's ow
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -113,11 +114,19 @@ def _trainer(strategy: Any, root: str, **kwargs: Any) -> Any:
     )
 
 
+def _leftovers() -> tuple[int, int]:
+    """This process's live threads and longboat's shared-memory segments on the machine."""
+    from longboat.comm.shm_segment import NAME_PREFIX
+
+    segments = [n for n in os.listdir("/dev/shm") if n.startswith(NAME_PREFIX)]
+    return threading.active_count(), len(segments)
+
+
 def _fit_all(rank: int, _world: int, root: str) -> dict[str, Any]:
     import longboat as lb
     from longboat.integrations.lightning import LongboatStrategy
 
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"leftovers": []}
     for name, (fields, trainer_args, batch_norm) in CASES.items():
         module, probe = Regressor(batch_norm, POISONED.get(name)), Probe()
         trainer = _trainer(
@@ -137,6 +146,7 @@ def _fit_all(rank: int, _world: int, root: str) -> dict[str, Any]:
             "checkpoint": path.exists(),
             "model_after": type(trainer.strategy.model).__name__,
         }
+        results["leftovers"].append(_leftovers())  # after fit and checkpoint
     named = _trainer("longboat", root)  # the registered name, the default Strategy
     results["registered"] = type(named.strategy).__name__
     return results
@@ -212,6 +222,15 @@ def test_lightning_collectives_checkpoint_and_teardown(ranks) -> None:
         assert case["checkpoint"]
         assert case["model_after"] == "Regressor"  # unwrapped after fit
         assert result["registered"] == "LongboatStrategy", rank
+
+
+def test_each_fit_leaves_no_thread_or_shared_memory_behind(ranks) -> None:
+    """Five fits in one process (lr_find then fit, sweeps, notebooks): longboat's workers
+    stop and its segments unlink at each teardown, so the counts stay those of the first."""
+    for result in ranks:
+        first, *later = result["leftovers"]
+        assert len(later) == len(CASES) - 1
+        assert all(counts == first for counts in later), result["leftovers"]
 
 
 def test_refusals_name_the_field_and_the_way() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -62,10 +63,10 @@ def on_shutdown(hook: Callable[[], None]) -> Callable[[], None]:
 
 
 def on_group_end(hook: Callable[[], None]) -> Callable[[], None]:
-    """Run ``hook`` when `shutdown` destroys the process group `init` created (once; latest
-    first, after the `on_shutdown` hooks): for what runs collectives on it, such as worker
-    threads and shared-memory segments. A group `init` adopted (Lightning's) outlives
-    `shutdown`, and so does what was built on it: its hooks are dropped, not run."""
+    """Run ``hook`` at the next `shutdown` (once; latest first, after the `on_shutdown`
+    hooks, before the group `init` created is destroyed): for what runs collectives on the
+    group, such as worker threads and shared-memory segments. A group `init` adopted
+    (Lightning's) outlives `shutdown`, but what longboat built on it ends there too."""
     _group_end_hooks.append(hook)
     return hook
 
@@ -263,7 +264,9 @@ def init(
         try:
             info, topo = replace(found, backend=name), _gather(found.node_key, name)
         except Exception:
-            dist.destroy_process_group()
+            if dist.is_initialized():  # a mocked or failed start leaves none: keep the cause
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
             raise
     _warn_if_inconsistent(info, topo)
     _state = _State(info, topo, wait, owns, store, strategy, startup)
@@ -386,16 +389,15 @@ def shutdown() -> None:
 
     First the hooks registered with `on_shutdown` run (latest first): each module forgets
     what it kept for this process group (stall watches, observers, Horovod's negotiation).
-    Then, if the group is longboat's to destroy, those of `on_group_end` (its collectives'
-    workers and segments).
+    Then those of `on_group_end` (longboat's collective workers and segments), also on a
+    group `init` adopted, which stays its owner's; the group is destroyed if longboat made it.
     """
     global _state
     state, _state = _state, None
     _run_hooks(_shutdown_hooks)
+    _run_hooks(_group_end_hooks)
     if state is not None and state.owns_group and dist.is_initialized():
-        _run_hooks(_group_end_hooks)
         dist.destroy_process_group()
-    _group_end_hooks.clear()  # an adopted group lives on, with what runs on it
 
 
 def _run_hooks(hooks: list[Callable[[], None]]) -> None:

@@ -53,6 +53,13 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
+UNUSED_FIX = (  # the fix for lb.distribute's caller; other doors (Lightning) reword it
+    "Make every parameter that requires grad take part in the loss on every rank, freeze it "
+    "(requires_grad_(False)) before lb.distribute, or pass "
+    "Strategy(find_unused_parameters=True) to reduce missing gradients as zeros."
+)
+
+
 class UnusedParametersError(RuntimeError):
     """Some parameters received no gradient on some ranks and find_unused_parameters is off."""
 
@@ -398,10 +405,7 @@ class Reducer:
         here = f" On this rank: {', '.join(local[:10])}." if local else ""
         raise UnusedParametersError(
             f"{len(missing)} parameter(s) received no gradient in this backward pass on some "
-            f"ranks: {shown}{more}.{here} Make every parameter that requires grad take part "
-            "in the loss on every rank, freeze it (requires_grad_(False)) before "
-            "lb.distribute, or pass Strategy(find_unused_parameters=True) to reduce missing "
-            "gradients as zeros."
+            f"ranks: {shown}{more}.{here} {UNUSED_FIX}"
         )
 
     def _write_back(self, used_on: list[int] | None) -> None:

@@ -67,6 +67,11 @@ class BackgroundAllreduce:
         self._queue.put((tensor, fn or self._fn, handoff))
         return handoff.future
 
+    @property
+    def closed(self) -> bool:
+        """True once `close` was called (also by ``lb.shutdown``): nothing more may be queued."""
+        return self not in _LIVE
+
     def close(self, timeout: float | None = None) -> None:
         """Finish queued work, then stop the worker thread (waiting at most ``timeout`` s: a
         worker stuck in a collective with a dead peer is left behind). Safe to call twice."""

@@ -12,13 +12,18 @@ BN, local SGD, DGC), exactly as ``lb.distribute`` builds them. Needs ``pip insta
 from __future__ import annotations
 
 import contextlib
+import inspect
+import logging
 import os
 from collections.abc import Generator
-from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
+
+import torch
+import torch.distributed as dist
 
 try:
     import lightning.pytorch as pl
+    from lightning.pytorch.accelerators import MPSAccelerator
     from lightning.pytorch.overrides.distributed import _sync_module_states
     from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
     from lightning.pytorch.trainer.states import TrainerFn
@@ -31,22 +36,40 @@ except ImportError as exc:  # pragma: no cover - the message is the point
 import longboat.cluster as cluster
 from longboat import session
 from longboat.collective.model import DistributedModel
+from longboat.collective.reducer import UNUSED_FIX, UnusedParametersError
 from longboat.dispatch import distribute
 from longboat.strategy import Strategy
 
 __all__ = ["LongboatStrategy", "register"]
 
 FULL_PRECISION = ("32-true", "32", 32)
+DDP_OPTIONS = {  # DDP's module options -> the longboat Strategy fields that mean the same
+    "find_unused_parameters": "find_unused_parameters",
+    "bucket_cap_mb": "fuse_grad_size_in_MB",
+}
+UNUSED_FIX_LIGHTNING = (
+    "Make every parameter that requires grad take part in the loss on every rank, freeze it "
+    "(requires_grad_(False)) in the LightningModule, or pass "
+    "LongboatStrategy(lb.Strategy(find_unused_parameters=True)) to reduce missing gradients "
+    "as zeros."
+)
+_log = logging.getLogger("longboat")
 
 
 class LongboatStrategy(DDPStrategy):
     """Lightning strategy that trains with ``lb.distribute``'s model and optimizer.
 
-    ``strategy``: the longboat Strategy (default: the one ``lb.init`` was given, else
-    ``Strategy()``). Every other argument is Lightning's (``DDPStrategy``'s, minus the DDP
-    module's own options). The process group is Lightning's, bounded by longboat's job
-    timeout (``LONGBOAT_TIMEOUT``, 300 s) unless ``timeout`` says otherwise, on
-    ``LONGBOAT_BACKEND`` when set.
+    Takes ``DDPStrategy``'s arguments as they are (``accelerator``, ``parallel_devices``,
+    ``cluster_environment``, ``checkpoint_io``, ``precision_plugin``, by position or keyword;
+    ``process_group_backend``, ``timeout``, ``start_method``), so that replacing the class
+    name is enough. The longboat Strategy is ``strategy=``, or the first argument when it is
+    one (default: the one ``lb.init`` was given, else ``Strategy()``). Of DDP's module options,
+    ``find_unused_parameters`` and ``bucket_cap_mb`` set the longboat Strategy's
+    ``find_unused_parameters`` and ``fuse_grad_size_in_MB``; DDP's communication hooks and
+    model averaging are refused (longboat reduces the gradients: use the Strategy's fields).
+    The process group is Lightning's, bounded by longboat's job timeout (``LONGBOAT_TIMEOUT``,
+    300 s) unless ``timeout`` says otherwise, on ``process_group_backend``, else
+    ``LONGBOAT_BACKEND`` when set. Refused on MPS, like every strategy of the DDP family.
 
     Lightning's features map onto longboat's: ``accumulate_grad_batches`` skips the
     allreduce of the accumulating backwards (``no_sync``), ``sync_batchnorm=True`` is
@@ -56,42 +79,56 @@ class LongboatStrategy(DDPStrategy):
 
     strategy_name = "longboat"
 
-    def __init__(
-        self,
-        strategy: Strategy | None = None,
-        *,
-        accelerator: pl.accelerators.Accelerator | None = None,
-        parallel_devices: list[Any] | None = None,
-        cluster_environment: Any = None,
-        checkpoint_io: Any = None,
-        precision_plugin: Any = None,
-        timeout: timedelta | None = None,
-        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-    ) -> None:
+    def __init__(self, *args: Any, strategy: Strategy | None = None, **kwargs: Any) -> None:
+        if args and isinstance(args[0], Strategy):  # LongboatStrategy(lb.Strategy(...), ...)
+            if strategy is not None:
+                raise TypeError("LongboatStrategy got two longboat Strategies: pass one")
+            strategy, args = args[0], args[1:]
+        ddp = ddp_arguments(args, kwargs)
+        refuse_mps(ddp["accelerator"])
         super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-            process_group_backend=os.environ.get("LONGBOAT_BACKEND") or None,
-            timeout=timeout or cluster.job_timeout(),
-            start_method=start_method,
+            accelerator=ddp["accelerator"],
+            parallel_devices=ddp["parallel_devices"],
+            cluster_environment=ddp["cluster_environment"],
+            checkpoint_io=ddp["checkpoint_io"],
+            precision_plugin=ddp["precision_plugin"],
+            process_group_backend=ddp["process_group_backend"]
+            or os.environ.get("LONGBOAT_BACKEND")
+            or None,
+            timeout=ddp["timeout"] or cluster.job_timeout(),
+            start_method=ddp["start_method"],
         )
         if strategy is not None:
             admit_strategy(strategy)
         self._longboat = strategy
+        self._ddp_fields = ddp_fields(ddp["kwargs"])
+
+    @property  # type: ignore[override]
+    def accelerator(self) -> pl.accelerators.Accelerator | None:
+        return self._accelerator
+
+    @accelerator.setter
+    def accelerator(self, accelerator: pl.accelerators.Accelerator | None) -> None:
+        refuse_mps(accelerator)  # Trainer(accelerator="mps", strategy="longboat") lands here
+        self._accelerator = accelerator
 
     @property
     def longboat_strategy(self) -> Strategy:
-        """The longboat Strategy this run trains with."""
-        return self._longboat or cluster.current_strategy() or Strategy()
+        """The longboat Strategy this run trains with (with DDP's module options applied)."""
+        strategy = self._longboat or cluster.current_strategy() or Strategy()
+        if not self._ddp_fields:
+            return strategy
+        strategy = strategy.copy()
+        for name, value in self._ddp_fields.items():
+            setattr(strategy, name, value)
+        return strategy
 
     # -- the process group: Lightning's, adopted by longboat ---------------------------------
 
     def setup_distributed(self) -> None:
         super().setup_distributed()
-        session.init(self.longboat_strategy)  # adopts the group Lightning just created
+        if dist.is_initialized():  # else init_process_group was replaced (a test's mock)
+            session.init(self.longboat_strategy)  # adopts the group Lightning just created
 
     # -- model and optimizer -------------------------------------------------------------------
 
@@ -107,6 +144,10 @@ class LongboatStrategy(DDPStrategy):
         if strategy.sharding and strategy.sharding_configs["comm_overlap"]:
             # Lightning's callbacks (weight averaging, loggers) read the weights between the
             # step and the next forward: the all-gather completes them inside the step
+            _log.info(
+                "LongboatStrategy: sharding's comm_overlap turned off: Lightning's callbacks "
+                "read the weights right after the step, so the all-gather completes inside it"
+            )
             strategy = strategy.copy()
             strategy.sharding_configs = {**strategy.sharding_configs, "comm_overlap": False}
         self.precision_plugin.convert_module(self.model)
@@ -137,6 +178,14 @@ class LongboatStrategy(DDPStrategy):
                         config.scheduler.optimizer = wrapped
             self.optimizers = [wrapped]
 
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with lightning_hints():
+            return super().training_step(*args, **kwargs)
+
+    def backward(self, closure_loss: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with lightning_hints():
+            return super().backward(closure_loss, *args, **kwargs)
+
     @contextlib.contextmanager
     def block_backward_sync(self) -> Generator[None, None, None]:
         """Lightning's gradient accumulation: no allreduce until the last micro-batch."""
@@ -162,6 +211,62 @@ class LongboatStrategy(DDPStrategy):
                     description=f"longboat's collective engine, start_method {start_method!r}",
                     start_method=start_method,
                 )
+
+
+def ddp_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``args`` and ``kwargs`` bound to ``DDPStrategy``'s signature (its TypeErrors), with the
+    defaults filled in; ``kwargs`` holds DDP's module options."""
+    signature = inspect.signature(DDPStrategy.__init__)
+    bound = signature.bind(None, *args, **kwargs)
+    given = set(bound.arguments)
+    bound.apply_defaults()
+    ddp = dict(bound.arguments)
+    ddp.pop(next(iter(signature.parameters)))  # self
+    for name in ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period"):
+        if ddp[name] is not None:
+            raise ValueError(
+                f"LongboatStrategy({name}=...): longboat reduces the gradients itself, so "
+                "DDP's communication hooks and model averaging do not apply; use the longboat "
+                "Strategy's fields (gradient_compression, localsgd), or keep DDPStrategy with "
+                "ddp_comm_hook=lb.ddp_comm_hook(...)"
+            )
+    if "timeout" not in given:  # longboat's job timeout, not DDP's 30 minutes
+        ddp["timeout"] = None
+    return ddp
+
+
+def ddp_fields(options: dict[str, Any]) -> dict[str, Any]:
+    """DDP's module options as the longboat Strategy fields they mean; others refused."""
+    fields = {}
+    for name, value in options.items():
+        if name not in DDP_OPTIONS:
+            raise TypeError(
+                f"LongboatStrategy({name}=...): not a DDPStrategy argument longboat maps. "
+                f"Of DDP's module options it takes {', '.join(DDP_OPTIONS)}; set the rest on "
+                "the longboat Strategy: LongboatStrategy(lb.Strategy(...))"
+            )
+        fields[DDP_OPTIONS[name]] = value
+    return fields
+
+
+def refuse_mps(accelerator: Any) -> None:
+    """Lightning refuses DDP-family strategies on MPS by "ddp" in their name: this one too."""
+    if isinstance(accelerator, MPSAccelerator):
+        raise ValueError(
+            "You set strategy='longboat' (LongboatStrategy) but strategies from the DDP family "
+            "are not supported on the MPS accelerator. Either explicitly set "
+            "accelerator='cpu' or change the strategy."
+        )
+
+
+@contextlib.contextmanager
+def lightning_hints() -> Generator[None, None, None]:
+    """Errors whose fix is written for ``lb.distribute``'s caller, reworded for Lightning's."""
+    try:
+        yield
+    except UnusedParametersError as exc:
+        exc.args = (str(exc).replace(UNUSED_FIX, UNUSED_FIX_LIGHTNING),)
+        raise
 
 
 def admit_strategy(strategy: Strategy) -> Strategy:

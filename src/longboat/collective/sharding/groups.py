@@ -11,6 +11,7 @@ of a group spread over nodes or on NCCL.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -63,13 +64,13 @@ class ShardGroups:
 
     def reduce_scatter(self, output: torch.Tensor, full: torch.Tensor) -> Handle:
         """Start summing ``full`` over the shard group into this rank's slice ``output``."""
-        if self.shard_shm is not None and _fits(output, full):
+        if _usable(self.shard_shm, output, full):
             return self.shard_shm.reduce_scatter(output, full)
         return _reduce_scatter(output, full, group=self.shard, async_op=True)
 
     def all_gather(self, full: torch.Tensor, shard: torch.Tensor) -> Handle:
         """Start gathering every rank's ``shard`` into ``full`` (slices in rank order)."""
-        if self.shard_shm is not None and _fits(shard, full):
+        if _usable(self.shard_shm, shard, full):
             return self.shard_shm.all_gather(full, shard)
         return _all_gather(full, shard, group=self.shard, async_op=True)
 
@@ -77,7 +78,7 @@ class ShardGroups:
         """Start gathering slices that live in pieces straight into their places
         (`ShmComm.all_gather_placed`), or None where only `all_gather` applies (no shared
         memory for this group, or a tensor shm cannot take)."""
-        if self.shard_shm is None or not _fits(*slices.tensors()):
+        if not _usable(self.shard_shm, *slices.tensors()):
             return None
         return self.shard_shm.all_gather_placed(slices)
 
@@ -85,7 +86,7 @@ class ShardGroups:
         """Start summing ``tensor`` over the ranks that own the same slices; None if alone."""
         if self.replicas is None:
             return None
-        if self.replicas_shm is not None and _fits(tensor):
+        if _usable(self.replicas_shm, tensor):
             return FutureHandle(self.replicas_shm(tensor))
         return dist.all_reduce(tensor, group=self.replicas, async_op=True)
 
@@ -102,6 +103,12 @@ def shared_memory(group: dist.ProcessGroup) -> ShmAllreduce | None:
     except ValueError:
         return None
     return ShmAllreduce(ShmComm(group))
+
+
+def _usable(shm: ShmAllreduce | None, *tensors: torch.Tensor) -> TypeGuard[ShmAllreduce]:
+    """Whether ``shm`` takes ``tensors``: open (``lb.shutdown`` closes it while a group that
+    longboat adopted lives on, e.g. for Lightning's checkpoint after ``fit``) and fitting."""
+    return shm is not None and not shm.closed and _fits(*tensors)
 
 
 def _fits(*tensors: torch.Tensor) -> bool:
