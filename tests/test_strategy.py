@@ -134,6 +134,7 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     "lamb_configs": {"lamb_weight_decay": 0.01, "exclude_from_weight_decay": []},
     "a_sync_configs": {
         "k_steps": -1,
+        "mode": "auto",
         "max_merge_var_num": 1,
         "send_queue_size": 16,
         "independent_recv_thread": False,

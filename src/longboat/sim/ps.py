@@ -3,23 +3,20 @@
 Every trainer sends its gradients, split evenly over S servers, and receives the parameters
 back. A trainer's link carries ``D`` bytes each way (``D``: dense gradient bytes); each server's
 link carries ``T * D / S`` bytes each way (``T`` trainers). Per direction the slower of the two
-bounds the transfer; each RPC adds the server link's latency twice (request, reply).
+bounds the transfer; each RPC adds the server link's latency twice (request, reply). The
+servers' update reads every trainer's push once and runs the optimizer's share of each server.
 
-* sync (``a_sync=False``): ``compute + push + server update + pull`` after backward, in one
-  call per server (the step's push carries its pull);
-* async (``a_sync=True``, ``k_steps <= 0``): trainers do not wait for each other, so a step is
-  the larger of a trainer's own ``compute + push + pull`` and the servers' time per step of all
-  trainers' traffic;
-* half-async (async with ``use_thread_barrier``): as async, plus the trainers' barrier each step
-  (a round trip to the servers);
-* geo (``k_steps > 0``): local optimizer steps, parameters exchanged every k steps.
-
-The mode is the engine's own reading of the Strategy (`PSConfig.from_strategy`).
+How a step combines these (what waits, how many pushes and pulls) is the mode's own
+declaration: its ``cost`` (`longboat.ps.trainer.modes.Mode`, from an
+`longboat.ps.trainer.modes.Exchange`); the mode is the engine's own reading of the Strategy
+(`PSConfig.from_strategy`), and nothing here knows a mode by name.
 """
 
 from __future__ import annotations
 
+from longboat.ps.trainer import modes
 from longboat.ps.trainer.config import PSConfig
+from longboat.ps.trainer.modes import Exchange
 from longboat.sim.cluster import Cluster
 from longboat.sim.profile import Profile
 from longboat.strategy import Strategy
@@ -36,38 +33,39 @@ def simulate_ps(profile: Profile, cluster: Cluster, strategy: Strategy):  # noqa
     dense = prof.grad_bytes
     trainer_rate = cluster.inter.rate * min(cluster.inter.nics_per_node, cluster.devices_per_node)
     trainer_rate /= cluster.devices_per_node  # the node's NICs are shared by its trainers
-    transfer = max(dense / trainer_rate, trainers * dense / servers / link.rate)
-    one_way = transfer + 2 * link.latency
+    own, on_servers = dense / trainer_rate, trainers * dense / servers / link.rate
     update = trainers * dense / servers / cluster.mem_bw + prof.optimizer_s / servers
     compute = prof.forward_s + prof.backward_s
     cfg = PSConfig.from_strategy(strategy)
-    k = cfg.k_steps
-    if cfg.mode == "sync":  # one call per server: the step's push carries its pull
-        exchange = 2 * transfer + 2 * link.latency
-        step, exposed, opt = compute + exchange + update, exchange, update
-        kind, comm = "sync", exchange
-    elif cfg.mode in ("async", "half_async"):
-        server_time = 2 * trainers * dense / servers / link.rate + update
-        own = compute + 2 * (dense / trainer_rate + 2 * link.latency)
-        barrier = 2 * link.latency if cfg.mode == "half_async" else 0.0
-        step = max(own, server_time) + barrier
-        exposed, opt, kind = step - compute, 0.0, cfg.mode
-        comm = 2 * one_way
-    else:
-        step = compute + prof.optimizer_s + (2 * one_way + update) / k
-        exposed, opt, kind = (2 * one_way + update) / k, prof.optimizer_s, f"geo k={k}"
-        comm = 2 * one_way
+    mode = modes.get(cfg.mode)
+    if mode.cost is None:
+        raise ValueError(
+            f"parameter-server mode {cfg.mode!r} declares no cost, so longboat sim cannot "
+            "predict it; give its Mode class a cost (docs/ps.md)"
+        )
+    priced = mode.cost(
+        Exchange(
+            compute=compute,
+            optimizer=prof.optimizer_s,
+            update=update,
+            transfer=max(own, on_servers),
+            own=own,
+            servers=on_servers,
+            latency=link.latency,
+            k_steps=cfg.k_steps,
+        )
+    )
     return Prediction(
         devices=trainers,
         nodes=cluster.nodes,
-        step_s=step,
-        samples_per_s=prof.batch * trainers / step,
+        step_s=priced.step,
+        samples_per_s=prof.batch * trainers / priced.step,
         compute_s=compute,
-        exposed_comm_s=exposed,
-        optimizer_s=opt,
-        comm_s=comm,
+        exposed_comm_s=priced.exposed,
+        optimizer_s=priced.optimizer,
+        comm_s=priced.comm,
         buckets=servers,
         bytes_sent=dense,
-        algorithm=f"ps {kind}, {servers} server(s)",
-        notes=(f"parameter servers: {servers}, {kind}",),
+        algorithm=f"ps {priced.label}, {servers} server(s)",
+        notes=(f"parameter servers: {servers}, {priced.label}",),
     )

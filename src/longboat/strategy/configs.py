@@ -14,10 +14,19 @@ from longboat.strategy.values import (
     Int,
     IntList,
     KeySpec,
+    RegistryChoice,
     Str,
     StrList,
     SubConfig,
 )
+
+
+def ps_mode_names() -> list[str]:
+    """``auto`` and the registered parameter-server modes (``a_sync_configs['mode']``)."""
+    from longboat.ps.trainer.modes import names
+
+    return ["auto", *names()]
+
 
 AMP_CONFIGS = Config(
     (
@@ -75,6 +84,13 @@ A_SYNC_CONFIGS = Config(
             -1,
             "with a_sync=True: -1 or 0 async (half-async with use_thread_barrier), "
             ">0 geo-SGD every k steps; with a_sync=False: sync",
+        ),
+        KeySpec(
+            "mode",
+            RegistryChoice(ps_mode_names),
+            "auto",
+            "a registered parameter-server mode by name (longboat's key); auto: a_sync, "
+            "k_steps and use_thread_barrier choose sync, async, half_async or geo",
         ),
         KeySpec("max_merge_var_num", Int(1), 1, "gradients merged into one send"),
         KeySpec("send_queue_size", Int(1), 16, "per-variable send queue length"),

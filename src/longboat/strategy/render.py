@@ -110,7 +110,7 @@ def config_markdown(specs: Sequence[FieldSpec] = FIELDS.static) -> str:
                 ]
                 continue
             rows.append(
-                (f"`{spec.name}`", f"`{key.name}`", key.type.short, _code(key.default), key.doc)
+                (f"`{spec.name}`", f"`{key.name}`", _type(key.type), _code(key.default), key.doc)
             )
     return "\n".join(_md_table(("Config", "Key", "Type", "Default", "Meaning"), rows)) + "\n"
 

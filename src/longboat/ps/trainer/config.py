@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 class PSConfig:
     """What the trainer-side engine does; ``from_strategy`` reads it off a Strategy.
 
-    ``mode`` names a registered mode (``longboat.ps.trainer.modes``): the Strategy selects sync, async,
-    half_async or geo; ``lb.ps.distribute(..., mode=name)`` overrides it, e.g. with a mode of
-    one's own.
+    ``mode`` names a registered mode (``longboat.ps.trainer.modes``): the Strategy's
+    ``a_sync_configs['mode']`` names any of them (a mode of one's own too), or, at ``auto``,
+    ``a_sync``, ``k_steps`` and ``use_thread_barrier`` select sync, async, half_async or geo;
+    ``lb.ps.distribute(..., mode=name)`` overrides it.
     """
 
     mode: str = "sync"
@@ -51,7 +52,10 @@ class PSConfig:
     def from_strategy(cls, strategy: Strategy, **overrides: Any) -> PSConfig:
         c = strategy.a_sync_configs
         k = int(c["k_steps"])
-        if not strategy.a_sync:
+        chosen = str(c.get("mode", "auto"))
+        if chosen != "auto":  # a registered mode by name (the Strategy checked the name)
+            mode = chosen
+        elif not strategy.a_sync:
             if k > 0:
                 raise ValueError(
                     f"Strategy.a_sync=False (sync) with a_sync_configs['k_steps']={k}: geo-SGD "

@@ -2,9 +2,11 @@
 
 A mode is a `Mode` subclass: class attributes tell the engine what the servers do with a
 push; ``step()`` runs one optimizer step of a trainer with what `ModeContext` gives it (the
-dense parameters' pushes and pulls, the sparse tables' lookups, the step number). Adding a
-mode means adding a module with one ``@register(name)`` class (a built-in one: a file in this
-folder), never touching the engine::
+dense parameters' pushes and pulls, the sparse tables' lookups, the step number); ``cost``
+prices a step for ``longboat sim`` from an `Exchange` (what waits, how many pushes and pulls).
+Adding a mode means adding a module with one ``@register(name)`` class (a built-in one: a file
+in this folder), never touching the engine; the Strategy selects it with
+``a_sync_configs={"mode": name}``::
 
     from longboat.ps.trainer.modes import Mode, register, wait_all
 
@@ -33,7 +35,34 @@ from longboat.ps.trainer.params import DenseParams, wait_all
 from longboat.ps.trainer.sparse import SparseLookups
 from longboat.registry import Registry
 
-__all__ = ["Mode", "ModeContext", "get", "names", "register", "wait_all"]
+__all__ = ["Exchange", "Mode", "ModeContext", "StepCost", "get", "names", "register", "wait_all"]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One trainer step of a parameter-server job as ``longboat sim`` sees it: the parts a
+    mode's ``cost`` combines (seconds)."""
+
+    compute: float  # forward + backward
+    optimizer: float  # the trainer's own optimizer step
+    update: float  # the servers' update of one step's pushes from every trainer
+    transfer: float  # one direction of the dense exchange: the slower of trainer and server links
+    own: float  # one direction of the dense exchange over this trainer's own link
+    servers: float  # one direction of every trainer's dense traffic over the servers' links
+    latency: float  # one server-link latency (an RPC waits for two: request, reply)
+    k_steps: int  # the Strategy's a_sync_configs["k_steps"]
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A mode's predicted step (seconds): its length, the communication not hidden, the
+    optimizer's part, all communication, and the mode as a prediction names it."""
+
+    step: float
+    exposed: float
+    optimizer: float
+    comm: float
+    label: str
 
 
 @dataclass(frozen=True)
@@ -59,7 +88,8 @@ class Mode:
     wait for that step's result; ``trainer_optimizer``: ``update_on_server=False`` is allowed;
     ``uses_k_steps``: ``k_steps`` is part of the trainers' agreement; ``recoverable``: after a
     server restarts from its periodic checkpoint, a trainer can replay the steps since then
-    (every push of a step is combined on the servers, so the replay is exact).
+    (every push of a step is combined on the servers, so the replay is exact); ``cost``: its
+    step for ``longboat sim`` from an `Exchange` (None: the simulator refuses the mode).
     """
 
     update: ClassVar[str] = "optimizer"
@@ -67,6 +97,7 @@ class Mode:
     trainer_optimizer: ClassVar[bool] = False
     uses_k_steps: ClassVar[bool] = False
     recoverable: ClassVar[bool] = False
+    cost: ClassVar[Callable[[Exchange], StepCost] | None] = None
 
     def __init__(self, ctx: ModeContext) -> None:
         self.ctx = ctx

@@ -8,7 +8,7 @@ import threading
 import torch
 
 from longboat.ps.trainer.communicator import AsyncCommunicator
-from longboat.ps.trainer.modes import Mode, ModeContext, register
+from longboat.ps.trainer.modes import Exchange, Mode, ModeContext, StepCost, register
 from longboat.ps.trainer.params import wait_all
 
 
@@ -17,6 +17,12 @@ class AsyncStep(Mode):
     """Queue the gradients; load the latest values the communicator pulled, if any."""
 
     pull_after_send = True  # the communicator pulls after each push (half_async: the step)
+
+    @staticmethod
+    def cost(x: Exchange) -> StepCost:
+        """Trainers wait for no one: a step is the longer of a trainer's own compute, push and
+        pull and the servers' time per step for every trainer's traffic."""
+        return unsynchronised(x, 0.0, "async")
 
     def __init__(self, ctx: ModeContext) -> None:
         super().__init__(ctx)
@@ -56,3 +62,11 @@ class AsyncStep(Mode):
 
     def close(self) -> None:
         self._comm.close()
+
+
+def unsynchronised(x: Exchange, barrier: float, label: str) -> StepCost:
+    """An async step, plus ``barrier`` seconds of waiting for the other trainers."""
+    server_time = 2 * x.servers + x.update
+    own = x.compute + 2 * (x.own + 2 * x.latency)
+    step = max(own, server_time) + barrier
+    return StepCost(step, step - x.compute, 0.0, 2 * (x.transfer + 2 * x.latency), label)

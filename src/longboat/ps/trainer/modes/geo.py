@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from longboat.ps.trainer.modes import Mode, ModeContext, register
+from longboat.ps.trainer.modes import Exchange, Mode, ModeContext, StepCost, register
 from longboat.ps.trainer.params import wait_all
 
 
@@ -15,6 +15,15 @@ class GeoStep(Mode):
 
     update = "delta"
     uses_k_steps = True
+
+    @staticmethod
+    def cost(x: Exchange) -> StepCost:
+        """A local optimizer step each step; push, pull and the servers' update every k."""
+        comm = 2 * (x.transfer + 2 * x.latency)
+        every = (comm + x.update) / x.k_steps
+        return StepCost(
+            x.compute + x.optimizer + every, every, x.optimizer, comm, f"geo k={x.k_steps}"
+        )
 
     def __init__(self, ctx: ModeContext) -> None:
         super().__init__(ctx)

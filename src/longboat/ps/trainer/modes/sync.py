@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from longboat.ps.trainer.communicator import HookPusher
-from longboat.ps.trainer.modes import Mode, ModeContext, register
+from longboat.ps.trainer.modes import Exchange, Mode, ModeContext, StepCost, register
 from longboat.ps.trainer.params import part, wait_all
 
 
@@ -18,6 +18,12 @@ class SyncStep(Mode):
     sync = True
     trainer_optimizer = True
     recoverable = True
+
+    @staticmethod
+    def cost(x: Exchange) -> StepCost:
+        """After backward: push and pull in one call per server, then the servers' update."""
+        exchange = 2 * x.transfer + 2 * x.latency
+        return StepCost(x.compute + exchange + x.update, exchange, x.update, exchange, "sync")
 
     def __init__(self, ctx: ModeContext) -> None:
         super().__init__(ctx)
