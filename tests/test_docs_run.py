@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._cli import env_with_bin, longboat_argv
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKED = re.compile(
@@ -65,7 +67,8 @@ def test_the_marker_finds_the_documented_examples() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("doc", "blocks"), examples(), ids=[d for d, _ in examples()])
 def test_example_runs_as_written(doc: str, blocks: list, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # this Python's `longboat` and `python`, whether or not its venv is activated
+    env = env_with_bin({**os.environ, "PYTHONUNBUFFERED": "1"})
     for name in ("examples", "tests"):  # blocks name the repository's files as from its root
         (tmp_path / name).symlink_to(ROOT / name)
     for cmd, _, body in blocks:
@@ -74,6 +77,8 @@ def test_example_runs_as_written(doc: str, blocks: list, tmp_path: Path) -> None
             argv = cmd.split()
             if argv[0] == "python":
                 argv[0] = sys.executable
+            elif argv[0] == "longboat":
+                argv = longboat_argv() + argv[1:]
             run = subprocess.run(
                 argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
             )

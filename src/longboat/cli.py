@@ -1,10 +1,15 @@
-"""The `longboat` command: one sub-command per tool, each defined in its own module."""
+"""The `longboat` command."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+DESCRIPTION = """\
+Data-parallel training for PyTorch: start and emulate jobs, check a machine, benchmark,
+and predict a cluster's speed. `longboat COMMAND --help` shows a command's options."""
 
 # sub-command -> module exposing `add_arguments(parser)` and `run(args) -> int`
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -23,7 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported (the others stay unloaded)."""
-    parser = argparse.ArgumentParser(prog="longboat", description=__doc__)
+    parser = argparse.ArgumentParser(prog="longboat", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
@@ -51,7 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    try:
+        code = int(module.run(args) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`longboat doctor --json | head`): end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 0
+    return code
 
 
 if __name__ == "__main__":

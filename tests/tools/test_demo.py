@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
@@ -13,6 +12,7 @@ from longboat.cli import main
 from longboat.launch.local import launch_local
 from longboat.tools.demo import compare
 from longboat.tools.demo_train import DemoConfig, global_batches, load_digits_split, make_sampler
+from tests._cli import longboat_argv
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -103,12 +103,9 @@ def test_demo_rejects_uneven_batch(capsys: pytest.CaptureFixture[str]):
 
 
 @pytest.mark.slow  # a whole end-to-end run: the slow tier (CI runs it after the quick one)
-@pytest.mark.skipif(shutil.which("longboat") is None, reason="console script not installed")
 def test_console_script_runs_demo():
-    exe = shutil.which("longboat")
-    assert exe is not None
     proc = subprocess.run(
-        [exe, "demo", "--epochs", "1"], capture_output=True, text=True, timeout=150
+        [*longboat_argv(), "demo", "--epochs", "1"], capture_output=True, text=True, timeout=150
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "match single-process" in proc.stdout
