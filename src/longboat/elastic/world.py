@@ -14,6 +14,7 @@ from longboat.cluster.env import variable
 from longboat.cluster.runtime import ClusterError
 from longboat.comm.exchange import any_rank
 from longboat.elastic.failures import describe, is_peer_failure
+from longboat.elastic.forming import abandoned_when_replaced
 from longboat.elastic.lost_links import leave_round
 from longboat.elastic.membership import (
     ElasticError,
@@ -114,7 +115,9 @@ def regroup(reason: str, lost_peer: bool, strategy: Strategy | None = None) -> M
         global _survivor
         _survivor = True  # joins the round with its state
         try:
-            cluster.init(strategy)  # with the startup lb.init handed down first
+            _restart_group_names()
+            with abandoned_when_replaced(directory, membership.token):
+                cluster.init(strategy)  # with the startup lb.init handed down first
             return membership
         except Exception as exc:
             if not (isinstance(exc, ClusterError) or is_peer_failure(exc)):
@@ -126,6 +129,19 @@ def regroup(reason: str, lost_peer: bool, strategy: Strategy | None = None) -> M
             _leave(close_connections=True)
             old_token, lost_peer, reason = membership.token, True, describe(exc)
     raise ElasticError(f"no round formed within {_launch_timeout():.0f} s; last: {reason}")
+
+
+def _restart_group_names() -> None:
+    """Name the next default process group as a fresh process would.
+
+    torch names default groups by a per-process count, part of every key the group's ranks
+    meet under in the store; `destroy_process_group` resets it, but an attempt that failed
+    (a member died while the round formed) counts one without a group to destroy. A survivor
+    that saw such a failure would then wait under other keys than the ranks restarted meanwhile,
+    and no round would ever form."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and not dist.is_initialized():
+        world.group_count = 0
 
 
 def _launch_timeout() -> float:
