@@ -93,7 +93,7 @@ def test_candidate_changes_only_the_tuned_settings() -> None:
     [
         ({}, 1, "one rank"),
         ({"localsgd": True}, 2, "local SGD"),
-        ({"dgc": True}, 2, "DGC"),
+        ({"dgc": True}, 2, "deep-gradient-compression keeps residuals and momentum"),
         ({"gradient_compression": "powersgd"}, 2, "PowerSGD"),
         ({}, 2, None),
         ({"gradient_merge": True, "fp16_allreduce": True}, 2, None),
