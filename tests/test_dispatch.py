@@ -31,6 +31,23 @@ def test_frozen_model_parameters_left_out_of_the_optimizer_are_fine() -> None:
     check_optimizer_owns_model_params(model, None)
 
 
+def test_a_frozen_parameter_is_not_foreign_at_any_door() -> None:
+    """A frozen parameter gets no gradient, so there is nothing to average: every door (one
+    check, longboat.ownership.admit) lets the optimizer hold it, given a model or the
+    trainable parameters only (hvd.DistributedOptimizer's named_parameters)."""
+    from longboat.ownership import admit
+
+    net = torch.nn.Linear(2, 2)
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    optimizer = torch.optim.SGD([frozen, *net.parameters()], lr=0.1)
+    for door in ("lb.distribute", "lb.ps.distribute", "hvd.DistributedOptimizer"):
+        admit(net, optimizer, door)
+        admit(list(net.parameters()), optimizer, door)
+    frozen.requires_grad_(True)  # trainable: foreign again
+    with pytest.raises(ForeignParameterError, match="1 parameter"):
+        admit(net, optimizer)
+
+
 def test_every_door_refuses_a_foreign_or_reused_optimizer() -> None:
     """lb.distribute, the collective engine called directly and lb.ps.distribute check the
     same things before touching anything (one function: longboat.ownership.admit)."""

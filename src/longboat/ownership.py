@@ -41,7 +41,12 @@ def check_optimizer_owns_model_params(
     optimizer: torch.optim.Optimizer | None,
     door: str = "lb.distribute",
 ) -> None:
-    """Raise `ForeignParameterError` naming the foreign parameters and the fix."""
+    """Raise `ForeignParameterError` naming the foreign parameters and the fix.
+
+    A frozen parameter (``requires_grad=False``) is never foreign: it gets no gradient, so
+    there is nothing to average (``hvd.DistributedOptimizer`` is given only the trainable
+    ones of ``named_parameters``, while the optimizer may hold them all, as Horovod allows).
+    """
     if optimizer is None:
         return
     module = isinstance(model, nn.Module)
@@ -50,7 +55,7 @@ def check_optimizer_owns_model_params(
         (g, i, p)
         for g, group in enumerate(optimizer.param_groups)
         for i, p in enumerate(_params(group["params"]))
-        if id(p) not in owned
+        if id(p) not in owned and p.requires_grad
     ]
     if not foreign:
         return

@@ -248,6 +248,43 @@ def _parameter_names(rank: int, out: dict) -> None:
     }
 
 
+class _Lookup(torch.nn.Module):
+    """A table read at frozen integer positions (a parameter without gradient)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        where = torch.tensor([1, 3], dtype=torch.int32)
+        self.where = torch.nn.Parameter(where, requires_grad=False)
+        self.table = torch.nn.Parameter(torch.arange(4.0) * (rank + 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table[self.where.long()] * x
+
+
+def _frozen(rank: int, out: dict) -> None:
+    """named_parameters and the optimizer hold a frozen parameter too, as Horovod allows: it
+    is neither refused as foreign nor reduced; the state broadcasts leave it without
+    gradient, the trainable one with the same zero gradient on every rank."""
+    import longboat.horovod.torch as hvd
+
+    model = _Lookup(rank)
+    sgd = torch.optim.SGD(
+        model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-6
+    )
+    opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    grad = opt.param_groups[0]["params"][1].grad
+    out["frozen_broadcast"] = (
+        opt.param_groups[0]["params"][0].grad is None,
+        bool(torch.equal(hvd.broadcast(grad, root_rank=0), grad)),
+    )
+    opt.zero_grad()
+    model(torch.full((2,), float(rank + 1))).sum().backward()  # ranks' gradients differ
+    opt.step()
+    out["frozen_after"] = (model.where.detach().clone(), model.table.detach().clone())
+
+
 def _guarded(out: dict, key: str, fn, *args) -> None:
     """Run one scenario; record its error instead of failing every test of the module."""
     try:
@@ -283,6 +320,7 @@ def _all(rank: int, world: int) -> dict:
     for passes in (1, 2):
         _guarded(out, f"sparse_adam{passes}", _sparse_adam, rank, world, passes)
     _guarded(out, "names", _parameter_names, rank, out)
+    _guarded(out, "frozen", _frozen, rank, out)
     hvd.shutdown()
     return out
 
@@ -406,3 +444,14 @@ def test_parameter_names_as_horovod(ranks):
             "2.weight": True,
             "2.bias": True,
         }
+
+
+def test_a_frozen_named_parameter_is_not_foreign_nor_reduced(ranks):
+    for out in ranks:
+        assert "frozen.error" not in out, out["frozen.error"]
+        assert out["frozen_broadcast"] == (True, True)
+        where, table = out["frozen_after"]
+        assert where.tolist() == [1, 3]
+        moved = (table - torch.arange(4.0)).abs()  # from rank 0's table, broadcast
+        assert moved[[1, 3]].min() > 1e-2 and moved[[0, 2]].max() < 1e-5  # the entries read
+    torch.testing.assert_close(ranks[0]["frozen_after"][1], ranks[1]["frozen_after"][1])
