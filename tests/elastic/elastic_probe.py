@@ -11,7 +11,7 @@ PROBE_DIGESTS (a directory: every rank appends a JSON line to ``digests-<pid>.js
 PROBE_SHARDING=STAGE (shard the optimizer state over every rank at that stage),
 PROBE_KILL="NODE@COMMIT+DELAY[,...]" (once per job, the ranks of node NODE, or of every node
 for ``all``, SIGKILL themselves DELAY seconds after reaching commit COMMIT; their launchers
-live), PROBE_NODE_COPY=0 (``State(node_copy=False)``).
+live, unless the node is written ``NODE!``), PROBE_NODE_COPY=0 (``State(node_copy=False)``).
 """
 
 from __future__ import annotations
@@ -89,27 +89,34 @@ def maybe_die(commits: int) -> None:
 
 def maybe_kill(commits: int) -> None:
     """PROBE_KILL: this rank dies DELAY s after commit COMMIT (a timer, so the step goes on
-    meanwhile, as a crash lands mid-step), once per job: its restarted self does not."""
+    meanwhile, as a crash lands mid-step), once per job: its restarted self does not. A node
+    written ``N!`` loses its launcher too (the whole node)."""
     node = os.environ["GROUP_RANK"]
     for spec in filter(None, os.environ.get("PROBE_KILL", "").split(",")):
         who, _, rest = spec.partition("@")
         at, _, delay = rest.partition("+")
-        if commits != int(at) or who not in ("all", node):
+        whole = who.endswith("!")
+        if commits != int(at) or who.rstrip("!") not in ("all", node):
             continue
         marker = os.path.join(
             os.environ["PROBE_PID_DIR"], f"killed-{node}-{os.environ['LOCAL_RANK']}"
         )
         if os.path.exists(marker):
             return
-        with open(marker, "w") as f:
-            f.write(str(commits))
+        with open(marker, "w") as f:  # when it dies, for the recovery time
+            f.write(str(time.time() + float(delay or 0)))
         print(
-            f"probe: node {node} rank {lb.rank()} dies {delay or 0} s after commit {commits}",
-            flush=True,
+            f"probe: node {node} rank {lb.rank()} dies {delay or 0} s after {commits}", flush=True
         )
-        timer = threading.Timer(float(delay or 0), os.kill, (os.getpid(), signal.SIGKILL))
+        victims = [os.getppid(), os.getpid()] if whole else [os.getpid()]
+        timer = threading.Timer(float(delay or 0), _kill, (victims,))
         timer.daemon = True
         timer.start()
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
 
 
 def wait_for_world(state: lb.elastic.State) -> None:
@@ -152,6 +159,7 @@ def record(net: torch.nn.Module, optimizer: torch.optim.Optimizer, **fields: obj
         "rank": lb.rank(),
         "world": dist.get_world_size(),
         "digest": state_digest(net, optimizer),
+        "time": time.time(),
         **fields,
     }
     with open(os.path.join(DIGESTS, f"digests-{os.getpid()}.jsonl"), "a") as f:

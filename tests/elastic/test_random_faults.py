@@ -1,0 +1,117 @@
+"""Randomised faults against the elastic guarantees, replayable by seed.
+
+Each trial starts 3 launchers (``--nnodes 2:3``, 2 restarts each) on the elastic probe and
+injects one fault drawn from a seeded generator: every rank killed at once, two ranks killed
+within 2 s of each other, one rank killed, or one whole node (launcher and rank) killed, at a
+random commit and delay. Whatever the fault, the run must end with every live launcher
+successful, every sample used once, parameters equal to a one-process replay of the committed
+batches, no rank training from scratch and no committed step trained again.
+
+CI runs ``LONGBOAT_FAULT_TRIALS`` trials (default 4, one of each kind) from ``LONGBOAT_FAULT_SEED`` (default
+0); run more by hand, e.g. ``LONGBOAT_FAULT_TRIALS=20 python -m pytest -m slow
+tests/elastic/test_random_faults.py -s`` (``-s`` prints one line per trial: kind, fault,
+recovery time). A failing trial names its seed: ``LONGBOAT_FAULT_SEED=<seed>
+LONGBOAT_FAULT_TRIALS=1`` replays it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.elastic._cluster import local_cluster
+from tests.elastic.test_elastic_launch import SAMPLES, _check_against_replay, _records
+
+pytestmark = pytest.mark.slow  # slow tier: launchers on this machine, ranks and nodes killed
+
+NODES = 3
+TRIALS = int(os.environ.get("LONGBOAT_FAULT_TRIALS", "4"))
+FIRST_SEED = int(os.environ.get("LONGBOAT_FAULT_SEED", "0"))
+KINDS = ("every rank", "two ranks within 2 s", "one rank", "one node")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One drawn fault, as the probe's PROBE_KILL spells it."""
+
+    kind: str
+    kill: str
+
+    @property
+    def whole_node(self) -> int | None:
+        """The node whose launcher dies too, if any."""
+        for spec in self.kill.split(","):
+            if spec.partition("@")[0].endswith("!"):
+                return int(spec.partition("!")[0])
+        return None
+
+
+def draw(seed: int) -> Fault:
+    """The fault of trial ``seed`` (the same on every machine)."""
+    rng = random.Random(seed)
+    kind = KINDS[seed % len(KINDS)] if seed < len(KINDS) else rng.choice(KINDS)
+    at = rng.randint(3, 8)
+    nodes = rng.sample(range(NODES), 2)
+    delay = round(rng.uniform(0.0, 0.3), 2)
+    kills = {
+        "every rank": f"all@{at}+{delay}",
+        "two ranks within 2 s": f"{nodes[0]}@{at}+{delay},"
+        f"{nodes[1]}@{at}+{round(delay + rng.uniform(0.0, 2.0), 2)}",
+        "one rank": f"{nodes[0]}@{at}+{delay}",
+        "one node": f"{nodes[0]}!@{at}+{delay}",
+    }
+    return Fault(kind, kills[kind])
+
+
+def recovery_seconds(pid_dir: Path, records: list[dict]) -> float:
+    """From the first kill until the last rank of the new world started training again."""
+    kills = [float(p.read_text()) for p in pid_dir.glob("killed-*")]
+    first, last = min(kills), max(kills)
+    resumed: dict[int, float] = {}
+    for line in records:
+        if not line.get("final") and line["time"] > last:
+            resumed.setdefault(line["pid"], line["time"])
+    return max(resumed.values()) - first
+
+
+@pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + TRIALS))
+def test_a_random_fault_loses_no_commit_and_training_equals_the_replay(
+    seed: int, tmp_path: Path
+) -> None:
+    fault = draw(seed)
+    digests = tmp_path / "digests"
+    digests.mkdir()
+    with local_cluster(
+        tmp_path,
+        f"2:{NODES}",
+        ("--max-restarts", "2"),
+        PROBE_OUT=tmp_path / "out.json",
+        PROBE_SLEEP=0.05,
+        PROBE_SAMPLES=SAMPLES,
+        PROBE_DIGESTS=digests,
+        PROBE_KILL=fault.kill,
+    ) as cluster:
+        for _ in range(NODES):
+            cluster.start()
+        ends = cluster.wait(timeout=240)
+        pid_dir = cluster.pid_dir
+    where = f"seed {seed}: {fault.kind} ({fault.kill})"
+    for node, (code, console) in enumerate(ends):
+        if node == fault.whole_node:
+            continue
+        assert code == 0, f"{where}: node {node} ended with {code}\n{console[-3000:]}"
+    records = _records(digests)
+    starts: dict[int, int] = {}
+    for line in records:
+        if not line.get("final"):
+            starts.setdefault(line["pid"], line["commits"])
+    assert sorted(starts.values()).count(0) == NODES, f"{where}: trained from scratch {starts}"
+    logs = "".join(p.read_text() for p in tmp_path.glob("node*/workerlog.*"))
+    assert "trained again" not in logs, f"{where}: committed steps were lost"
+    _check_against_replay(json.loads((tmp_path / "out.json").read_text()))
+    print(f"\n{where}: recovered in {recovery_seconds(pid_dir, records):.2f} s")
