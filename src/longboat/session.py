@@ -64,4 +64,9 @@ def _allreduce_choice(info: ClusterInfo, topo: Topology, strategy: Any) -> str:
     if strategy.mode != "collective":
         return ""
     placement = Placement.of(topo.node_of, str(info.backend))
-    return f", allreduce: {resolve_comm(strategy, placement).describe()}"
+    from longboat.collective.sharding.config import ShardingPlan
+    from longboat.sharding.policies import banner
+
+    per_node = info.world_size // max(1, topo.nodes)
+    sharding = banner(ShardingPlan.of(strategy), info.world_size, per_node, topo.nodes)
+    return f", allreduce: {resolve_comm(strategy, placement).describe()}{sharding}"

@@ -118,3 +118,19 @@ def test_lightning_refuses_stage_3_by_name() -> None:
     strategy = lb.Strategy(sharding=True, sharding_configs={"stage": 3})
     with pytest.raises(ValueError, match="LongboatStrategy does not run sharding stage 3"):
         admit_strategy(strategy)
+
+
+def test_cluster_line_names_stage_and_degree() -> None:
+    from longboat.collective.sharding.config import ShardingPlan
+    from longboat.sharding.policies import banner
+
+    def line(stage: int, degree: int = 0) -> str:
+        configs = {"stage": stage, "sharding_degree": degree}
+        return banner(
+            ShardingPlan.of(lb.Strategy(sharding=True, sharding_configs=configs)), 4, 2, 2
+        )
+
+    assert line(3) == ", sharding stage 3 over 2 ranks x 2 replicas"  # HSDP across the nodes
+    assert line(3, 4) == ", sharding stage 3 over 4 ranks"
+    assert line(2) == ", sharding stage 2 over 4 ranks"
+    assert banner(None, 4, 2, 2) == ""

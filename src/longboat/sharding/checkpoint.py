@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -156,3 +158,33 @@ def load_into(root: nn.Module, step: FullyShardedStep, saved: Path) -> None:
     set_optimizer_state_dict(root, step.optimizer, shards["optimizer"])
     for theirs, mine in zip(step.user.param_groups, step.optimizer.param_groups, strict=True):
         theirs.update({k: v for k, v in mine.items() if k not in ("params", "param_names")})
+
+
+def read_whole(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """A stage 3 checkpoint read into one process without a process group (any world size
+    saved it): ``{"model": state dict of your module, "optimizer": the plain optimizer's
+    state dict, "state": your state}``, whole tensors on the CPU."""
+    target = Path(os.fspath(directory))
+    pointer = json.loads((target / POINTER).read_text(encoding="utf-8"))
+    saved = target / pointer["checkpoint"]
+    with tempfile.TemporaryDirectory() as tmp:
+        whole = Path(tmp, "whole.pt")
+        dcp_to_torch_save(saved, whole)
+        shards = torch.load(whole, weights_only=True)
+    return {
+        "model": shards["model"],
+        "optimizer": plain_optimizer_state(shards["optimizer"]),
+        "state": dict(load_checkpoint(saved / "extra.pt")["state"]),
+    }
+
+
+def plain_optimizer_state(by_name: Mapping[str, Any]) -> dict[str, Any]:
+    """torch's optimizer layout (state per parameter index) of DCP's (state per parameter
+    name; each param group lists its parameters' names, in order)."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in by_name["param_groups"]:
+        ids = [index.setdefault(name, len(index)) for name in group["params"]]
+        groups.append({**group, "params": ids})
+    state = {index[name]: dict(v) for name, v in by_name["state"].items()}
+    return {"state": state, "param_groups": groups}

@@ -13,6 +13,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 if TYPE_CHECKING:
     from longboat.collective.plan import CollectivePlan
+    from longboat.collective.sharding.config import ShardingPlan
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 REDUCE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -41,10 +42,7 @@ class FullyShardPolicy:
         """The policy of ``plan`` in a job of ``world`` ranks. ``sharding_degree`` 0 shards
         within a node when the job spans several (HSDP across nodes), else over every rank."""
         assert plan.sharding is not None
-        sharding = plan.sharding
-        if sharding.degree == 0 and nodes > 1 and ranks_per_node * nodes == world:
-            sharding = replace(sharding, degree=ranks_per_node)
-        degree = sharding.degree_in(world, dist.get_rank() if dist.is_initialized() else 0)
+        degree = stage3_degree(plan.sharding, world, ranks_per_node, nodes)
         param_dtype = None
         if plan.amp is not None:
             param_dtype = _DTYPES[str(plan.amp["dtype"])]
@@ -56,7 +54,7 @@ class FullyShardPolicy:
             replicas=world // degree,
             param_dtype=param_dtype,
             reduce_dtype=reduce_dtype,
-            offload=sharding.offload,
+            offload=plan.sharding.offload,
         )
 
     def mesh(self, device_type: str) -> DeviceMesh:
@@ -87,6 +85,31 @@ class FullyShardPolicy:
         if self.offload:
             parts.append("shards offloaded to CPU")
         return ", ".join(parts)
+
+
+def stage3_degree(sharding: ShardingPlan, world: int, ranks_per_node: int, nodes: int) -> int:
+    """Ranks each parameter is split over: ``sharding_degree``, or for 0 the ranks of a node
+    when the job spans several nodes of equal size (HSDP across nodes), else every rank.
+    ValueError naming the field when it does not divide the world."""
+    if sharding.degree == 0 and nodes > 1 and ranks_per_node * nodes == world:
+        sharding = replace(sharding, degree=ranks_per_node)
+    return sharding.degree_in(world, dist.get_rank() if dist.is_initialized() else 0)
+
+
+def banner(sharding: ShardingPlan | None, world: int, ranks_per_node: int, nodes: int) -> str:
+    """``, sharding stage S over D ranks`` for the launcher's cluster line ('' without
+    sharding, or when the degree does not fit the world: lb.distribute says why)."""
+    if sharding is None:
+        return ""
+    try:
+        if sharding.stage == 3:
+            degree = stage3_degree(sharding, world, ranks_per_node, nodes)
+        else:
+            degree = sharding.degree_in(world, 0)
+    except ValueError:
+        return ""
+    replicas = f" x {world // degree} replicas" if degree < world else ""
+    return f", sharding stage {sharding.stage} over {degree} ranks{replicas}"
 
 
 def _name(dtype: torch.dtype) -> str:
