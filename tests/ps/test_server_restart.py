@@ -85,6 +85,29 @@ def test_sync_trainers_recover_from_a_killed_server_without_losing_updates(
         _all(trainers, lambda e: e.close())
 
 
+def test_a_server_killed_before_its_first_periodic_checkpoint_recovers_from_the_initial_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = generate_token()
+    env = {"LONGBOAT_PS_CHECKPOINT_EVERY": "3"}
+    with server_processes(2, token, checkpoint_dir=tmp_path, env=env) as procs:
+        trainers = _engines([p.endpoint for p in procs], token, 2, recovery_window=6)
+        for i in range(2):
+            assert _step(trainers, i) == [None, None]
+        _all(trainers, lambda e: e.synchronize())
+        assert checkpoint.steps_saved(tmp_path, 1) == [0]  # the initial values, nothing since
+        procs[1].kill()  # at step 2, before the first periodic checkpoint (step 3)
+        back = threading.Timer(1.0, procs[1].restart)
+        back.start()
+        with caplog.at_level(logging.WARNING, logger="longboat.ps"):
+            assert _steps(trainers, range(2, W.STEPS)) == [None, None]
+        back.join()
+        _all(trainers, lambda e: e.synchronize())
+        assert "replayed steps 0..2" in caplog.text, caplog.text
+        _assert_reference(trainers)
+        _all(trainers, lambda e: e.close())
+
+
 _TABLE = {"name": "t", "rows": 10, "dim": 2, "optimizer": "sgd", "hparams": {"lr": 0.1}}
 
 

@@ -223,7 +223,15 @@ class Server:
 
     # ---- methods: each takes its request as ``schema`` parsed it -----------------------------
     def _do_init(self, req: schema.Init, deadline: float) -> Message:
-        return self.state.init(req)
+        held = (len(self.state.blocks), len(self.state.tables))
+        reply = self.state.init(req)
+        if self.checkpoint_every > 0:  # periodic checkpoints start with the initial values:
+            with self.state.cond:  # a server lost before the first period restarts from them
+                grew = (len(self.state.blocks), len(self.state.tables)) != held
+                if grew and self.state.version() == 0:
+                    self._saved_step = None  # values arrived since an earlier init's save
+                    self._save(0)
+        return reply
 
     def _do_push(self, req: schema.Push, deadline: float) -> Message | bytes:
         """Apply the push; with a ``pull`` entry (the trainer's last push of a step) answer
