@@ -20,6 +20,7 @@ __all__ = [
     "MembershipChanged",
     "ShardsLostError",
     "State",
+    "StateLostError",
     "StateMismatchError",
     "is_elastic",
     "run",
@@ -35,6 +36,7 @@ _WHERE = {
     "ShardsLostError": "longboat.elastic.reshard",
     "State": "longboat.elastic.state",
     "StateMismatchError": "longboat.elastic.state",
+    "StateLostError": "longboat.elastic.recovery",
     "run": "longboat.elastic.run",
 }
 
