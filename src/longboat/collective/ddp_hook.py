@@ -21,6 +21,7 @@ the reduced bucket into ``.grad`` is ordered after the reduction (`longboat.comm
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,28 +44,45 @@ Hook = Callable[["HookState", dist.GradBucket], Future]
 
 @dataclass
 class HookState:
-    """What the hook keeps between buckets: the algorithm with its compressor, the plan."""
+    """What the hook keeps between buckets: the algorithm with its compressor, the plan, and
+    DDP's live buckets by ``bucket.index()`` (weak references: an entry never keeps a bucket
+    alive)."""
 
     plan: CollectivePlan
     group: dist.ProcessGroup
     allreduce: AllreduceFn
     compressor: object
     world_size: int
-    _layouts_seen: set[tuple[int, int]] = field(default_factory=set)
+    _buckets: dict[int, weakref.ref[torch.Tensor]] = field(default_factory=dict)
 
-    def set_layout(self, bucket: dist.GradBucket) -> None:
-        """PowerSGD compresses each parameter as its own matrix: tell it where they lie."""
-        set_layout = getattr(self.compressor, "set_layout", None)
+    def buckets(self) -> list[int]:
+        """The indices of the DDP buckets the compressor holds state for, in order."""
+        return sorted(i for i, ref in self._buckets.items() if ref() is not None)
+
+    def follow(self, bucket: dist.GradBucket) -> None:
+        """Keep the compressor in step with DDP's buckets. DDP rebuilds them after the first
+        iteration (in gradient order): the buffers it held before are gone, so the first
+        bucket after that drops every entry and the compressor's state, on every rank alike
+        (no bucket is in flight then). Each new bucket's layout is given to the compressor
+        once: PowerSGD compresses each parameter as its own matrix."""
         buffer = bucket.buffer()
-        key = (buffer.data_ptr(), buffer.numel())
-        if set_layout is None or key in self._layouts_seen:
+        known = self._buckets.get(bucket.index())
+        if known is not None and known() is buffer:
+            return
+        if any(ref() is None for ref in self._buckets.values()):  # DDP rebuilt its buckets
+            self._buckets.clear()
+            reset = getattr(self.compressor, "reset", None)
+            if reset is not None:
+                reset()
+        self._buckets[bucket.index()] = weakref.ref(buffer)
+        set_layout = getattr(self.compressor, "set_layout", None)
+        if set_layout is None:
             return
         offsets, at = [], 0
         for grad in bucket.gradients():
             offsets.append((at, grad.shape))
             at += grad.numel()
         set_layout(buffer, offsets)
-        self._layouts_seen.add(key)
 
 
 def ddp_comm_hook(
@@ -108,7 +126,7 @@ def _hook(state: HookState, bucket: dist.GradBucket) -> Future:
     """Average ``bucket`` in place with longboat's algorithm; a future of the averaged tensor."""
     tensor = bucket.buffer()
     tensor.div_(state.world_size)  # DDP's buckets hold sums-to-be: pre-divide, as lb does
-    state.set_layout(bucket)
+    state.follow(bucket)
     handle = state.allreduce(tensor)
     source = future_of(handle)
     if source is None:  # one rank, or an algorithm that only has wait()

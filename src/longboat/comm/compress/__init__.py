@@ -207,6 +207,13 @@ class ThreadedCompressor:
         """This rank's residual for bucket ``tensor``; call after its handle's ``wait()``."""
         return self.state.residual(tensor)
 
+    def reset(self) -> None:
+        """Forget every bucket's state, where the core keeps some; call with no bucket in
+        flight (a DDP hook, when DDP has rebuilt its buckets)."""
+        reset = getattr(self.state, "reset", None)
+        if reset is not None:
+            reset()
+
     def close(self) -> None:
         """Finish queued work and stop the worker thread (call before destroying the group),
         then close ``inner`` if it has a ``close()``."""

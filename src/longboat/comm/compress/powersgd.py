@@ -154,6 +154,11 @@ class PowerSGD:
         """Compress ``bucket`` per parameter: ``layout`` lists each one's (offset, shape)."""
         self._layouts[self._key(bucket)] = list(layout)
 
+    def reset(self) -> None:
+        """Forget every bucket's layout and state: the buckets were rebuilt (a DDP hook's)."""
+        self._layouts.clear()
+        self._states.clear()
+
     def _plan(self, tensor: torch.Tensor) -> _BucketState:
         layout = self._layouts.get(self._key(tensor))
         if layout is None:  # one padded matrix for the whole flat bucket
