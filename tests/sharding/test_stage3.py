@@ -18,6 +18,8 @@ WORLD, STEPS, BATCH, TOL = 2, 3, 4, 1e-5
 def _opt(kind: str, net: torch.nn.Module) -> torch.optim.Optimizer:
     if kind == "sgd":
         return torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9)
+    if kind == "sgd_slow":  # bfloat16: rounding differs with the batch split, keep steps small
+        return torch.optim.SGD(net.parameters(), lr=0.02, momentum=0.9)
     if kind == "adamw":
         return torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1)
     decay = [p for n, p in net.named_parameters() if p.dim() > 1]
@@ -44,7 +46,8 @@ CASES: dict[str, dict[str, Any]] = {
         "configs": {"units": ["Block"], "offload": True},
         "fields": {"recompute": True, "recompute_configs": {"checkpoints": ["blocks.0.mlp"]}},
     },
-    "amp_bf16": {"opt": "sgd", "fields": {"amp": True, "amp_configs": {"dtype": "bfloat16"}}},
+    "loads_plain_state": {"opt": "adamw", "loads": True},
+    "amp_bf16": {"opt": "sgd_slow", "fields": {"amp": True, "amp_configs": {"dtype": "bfloat16"}}},
 }
 
 
@@ -52,7 +55,7 @@ def _case(name: str, rank: int, world: int, directory: str) -> dict[str, Any]:
     import longboat as lb
 
     case = CASES[name]
-    net = _lm.model()
+    net = _lm.model(seed=9 if case.get("loads") else 0)  # loads: the state replaces it
     optimizer = _opt(case["opt"], net)
     scheduler = (
         torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
@@ -67,10 +70,18 @@ def _case(name: str, rank: int, world: int, directory: str) -> dict[str, Any]:
     )
     model, opt = lb.distribute(net, optimizer, strategy)
     k = case.get("k_steps", 1)
+    data = _lm.batches(STEPS * k, BATCH)
+    if case.get("loads"):  # one plain step in this process, its state dicts loaded, then on
+        plain = _lm.model()
+        plain_opt = _opt(case["opt"], plain)
+        _lm.train(plain, plain_opt, data[:1])
+        model.load_state_dict({f"module.{k}": v for k, v in plain.state_dict().items()})
+        opt.load_state_dict(plain_opt.state_dict())
+        data = data[1:]
     norms = _lm.train(
         model,
         opt,
-        _lm.batches(STEPS * k, BATCH),
+        data,
         rank=rank,
         world=world,
         k_steps=k,
@@ -214,7 +225,7 @@ def test_bf16_amp_computes_in_bf16_on_float32_shards_near_its_reference(
     assert ranks[0]["adamw_block_units"]["logits_dtype"] == "torch.float32"
     ref = _reference("amp_bf16", compute=torch.bfloat16)
     for key, value in ref["model"].state_dict().items():
-        torch.testing.assert_close(got["model"][f"module.{key}"], value, atol=5e-3, rtol=0)
+        torch.testing.assert_close(got["model"][f"module.{key}"], value, atol=2e-3, rtol=0)
 
 
 def test_sharded_checkpoint_saved_at_2_ranks_reads_into_one_process(
