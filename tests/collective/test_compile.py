@@ -205,7 +205,9 @@ def test_plain_torch_compile_loses_overlap_and_says_so(ranks: list[dict[str, Any
         assert order[0] == "first layer", order  # one node computes every gradient first
         assert order[1:] == ["bucket 0", "bucket 1", "bucket 2"]
         assert len(result["plain"]["warnings"]) == 1
-        assert "model.compile(...) or lb.compile(model, ...)" in result["plain"]["warnings"][0]
+        warning = result["plain"]["warnings"][0]
+        assert "model.compile(...) or lb.compile(model, ...)" in warning
+        assert "write model.compile(...) in place of model = torch.compile(model, ...)" in warning
 
 
 def test_compiled_autograd_is_refused_with_the_way_out(ranks: list[dict[str, Any]]) -> None:

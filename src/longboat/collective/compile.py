@@ -132,6 +132,9 @@ def warn_compiled_elsewhere() -> None:
     log.warning(
         "this model runs a graph compiled by torch.compile: its backward is one autograd "
         "node, so every gradient bucket launches only once all of it has run (no overlap "
-        "with backward; results are unchanged). To keep overlap, %s.",
+        "with backward; results are unchanged). torch.compile cuts the graph at the buckets "
+        "of torch's own DistributedDataParallel only. The one-line fix: write "
+        "model.compile(...) in place of model = torch.compile(model, ...), with the same "
+        "arguments. Otherwise, to keep overlap, %s.",
         HOW,
     )
