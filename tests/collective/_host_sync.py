@@ -136,13 +136,14 @@ def device_tensors_of(
 ) -> list[torch.Tensor]:
     """The tensors a GPU run would keep on the device: parameters, buffers, bucket buffers;
     under sharding also the gradient slices and the shard optimizer's state."""
-    from longboat.collective.sharding.slices import step_of
+    from longboat.collective.sharding.held import state_tensors
+    from longboat.collective.sharding.step import step_of
 
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [buffer for buffer, _ in reducer.bucket_layouts()]
     tensors.append(reducer._flags)
-    tensors += list(getattr(reducer, "grad_shards", []))
+    tensors += list(getattr(reducer.collective, "slices", []))
     sharded = step_of(optimizer) if optimizer is not None else None
     if sharded is not None:
-        tensors += sharded.state_tensors()
+        tensors += state_tensors(sharded)
     return tensors

@@ -104,7 +104,7 @@ def _fresh_buffers_on_device(counter: HostSyncCounter) -> Iterator[None]:
     (stage 2's full buckets, the gather's buffers) lives on the device on a GPU: the counter
     is told so, as it cannot see a CPU tensor's intent."""
     from longboat.collective.sharding.gather import ParameterGather
-    from longboat.collective.sharding.reducer import ShardedReducer
+    from longboat.collective.sharding.scatter import SliceScatter
 
     empty = torch.empty
 
@@ -123,7 +123,7 @@ def _fresh_buffers_on_device(counter: HostSyncCounter) -> Iterator[None]:
 
         return wrapper
 
-    targets = [(ShardedReducer, "_pack"), (ParameterGather, "_launch")]
+    targets = [(SliceScatter, "buffer"), (ParameterGather, "_launch")]
     saved = [getattr(cls, name) for cls, name in targets]
     for (cls, name), method in zip(targets, saved, strict=True):
         setattr(cls, name, allocating_on_device(method))

@@ -188,7 +188,7 @@ def _split_somewhere(rank: int) -> dict[str, torch.Tensor]:
     cfg = _cfg("adam")
     model = build_model(cfg, seed=0)
     _, dopt = lb.distribute(model, _optimizer("adam", model), _strategy(1))
-    step = dopt.stages[-1]
+    step = dopt.stages[-1].shards
     cut = [
         p
         for s in step.layout.buckets
@@ -248,16 +248,17 @@ def _record_full_buckets() -> list[Any]:
     """Weak references to every full bucket stage 2 packs from now on (in this process)."""
     import weakref
 
-    from longboat.collective.sharding.reducer import ShardedReducer
+    from longboat.collective.sharding.scatter import SliceScatter
 
     packed: list[Any] = []
-    pack = ShardedReducer._pack
+    buffer = SliceScatter.buffer
 
-    def recording_pack(self: ShardedReducer, bucket: Any) -> None:
-        pack(self, bucket)
-        packed.append(weakref.ref(bucket.buffer))
+    def recording_buffer(self: SliceScatter, bucket: int) -> torch.Tensor:
+        full = buffer(self, bucket)
+        packed.append(weakref.ref(full))
+        return full
 
-    ShardedReducer._pack = recording_pack  # type: ignore[method-assign]
+    SliceScatter.buffer = recording_buffer  # type: ignore[method-assign]
     return packed
 
 
@@ -304,7 +305,7 @@ def _memory(rank: int) -> dict[str, torch.Tensor]:
         report = memory_report(dmodel, dopt)
         buckets = [b.numel() * b.element_size() for b, _ in dmodel.reducer.bucket_layouts()]
         if stage == 2:
-            buckets = [g.numel() * g.element_size() * WORLD for g in dmodel.reducer.grad_shards]
+            buckets = [g.numel() * g.element_size() * WORLD for g in dmodel.reducer.collective.slices]
         out[f"stage{stage}"] = torch.tensor(
             [report.optimizer_state_bytes, report.gradient_bytes, max(buckets)]
         )
@@ -559,7 +560,7 @@ def _gathered(rank: int, world: int, device: str) -> dict[str, torch.Tensor]:
         strategy = lb.Strategy(allreduce_algorithm="native", fuse_grad_size_in_MB=0.05)
         strategy.sharding, strategy.sharding_configs = True, {"stage": 1, "comm_overlap": True}
         dmodel, dopt = lb.distribute(model, optimizer, strategy)
-        step = dopt.stages[-1]
+        step = dopt.stages[-1].shards
         x, y = harness._data(3)
         for i in range(4):
             dopt.zero_grad()
@@ -571,7 +572,7 @@ def _gathered(rank: int, world: int, device: str) -> dict[str, torch.Tensor]:
             else:  # ... or all at once, for a reader outside the forward
                 dmodel.settle_parameters()
             for s in step.layout.buckets:
-                full = torch.cat([step._flat[p].detach() for p, _ in s.members])
+                full = torch.cat([step.flat[p].detach() for p, _ in s.members])
                 mine = full[s.lo : s.hi]
                 for k in range(1, step.groups.degree):
                     other = full[k * s.shard_numel : k * s.shard_numel + mine.numel()]

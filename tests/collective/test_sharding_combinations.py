@@ -85,7 +85,7 @@ def _train(
     dmodel.settle_parameters()
     out = {n: p.detach().clone() for n, p in model.named_parameters()}
     if stage is not None:
-        step = dopt.stages[-1]
+        step = dopt.stages[-1].shards
         out["__cut__"] = torch.tensor(
             [sum(p.start > 0 or p.stop < step.params[p.param].numel() for _, p in step.pieces)]
         )

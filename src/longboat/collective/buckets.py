@@ -1,4 +1,5 @@
-"""Bucket planner: which gradients are fused into one allreduce, and in which order.
+"""Bucket planner: which gradients are fused into one allreduce, and in which order; and what
+reducing a bucket is (`BucketCollective`: `Allreduce`, or sharding's reduce-scatter).
 
 Buckets follow reverse registration order, the order in which backward produces gradients,
 so the first bucket is ready first and its allreduce overlaps the rest of backward.
@@ -6,9 +7,13 @@ so the first bucket is ready first and its allreduce overlaps the rest of backwa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+from longboat.comm.algorithms import AllreduceFn, Handle
 
 MB = 1024 * 1024
 
@@ -181,3 +186,60 @@ def assign_communicators(bucket_bytes: list[int], communicators: int) -> list[in
         load[comm] += nbytes
         chosen.append(comm)
     return chosen
+
+
+class BucketCollective(Protocol):
+    """What reducing one packed bucket is: `Allreduce`, or sharding stage 2's reduce-scatter
+    into this rank's slice (`longboat.collective.sharding.scatter.SliceScatter`)."""
+
+    keeps_buffers: bool
+    """True: the result is the bucket buffer itself, kept between backwards, and ``.grad``
+    views it after backward. False: the result lands elsewhere: each pack takes a fresh
+    buffer from `buffer`, the packed parameters' ``.grad`` are dropped, and the buffers are
+    released when backward ends (the used-parameter flags then travel apart)."""
+
+    bytes_sent: int
+    """Bytes this collective counted itself (the allreduce's are counted by its functions)."""
+
+    def buffer(self, bucket: int) -> torch.Tensor:
+        """A fresh buffer to pack bucket ``bucket`` into (asked only if not `keeps_buffers`)."""
+        ...
+
+    def launch(self, bucket: int, comm: int, buffer: torch.Tensor) -> Handle:
+        """Start reducing the packed ``buffer`` of bucket ``bucket`` (on communicator ``comm``)."""
+        ...
+
+    def all_finite(self, buffers: Sequence[torch.Tensor]) -> torch.Tensor:
+        """On the device, the same on every rank: are the reduced gradients free of inf/NaN?
+        ``buffers``: each bucket's packed elements (the result where `keeps_buffers`)."""
+        ...
+
+    def clip_grad_norm_(
+        self, params: Sequence[torch.Tensor], max_norm: float, norm_type: float
+    ) -> torch.Tensor:
+        """Clip the reduced gradients by their global norm, as ``clip_grad_norm_`` would."""
+        ...
+
+
+class Allreduce:
+    """Each bucket is allreduced in place on its communicator (``fns[comm]``)."""
+
+    keeps_buffers = True
+    bytes_sent = 0  # counted by the allreduce functions (the compressors)
+
+    def __init__(self, fns: Sequence[AllreduceFn]) -> None:
+        self.fns = list(fns)
+
+    def buffer(self, bucket: int) -> torch.Tensor:
+        raise RuntimeError("an allreduce reduces the reducer's own bucket buffers")
+
+    def launch(self, bucket: int, comm: int, buffer: torch.Tensor) -> Handle:
+        return self.fns[comm](buffer)
+
+    def all_finite(self, buffers: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([torch.isfinite(b).all() for b in buffers]).all()
+
+    def clip_grad_norm_(
+        self, params: Sequence[torch.Tensor], max_norm: float, norm_type: float
+    ) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(list(params), max_norm, norm_type)

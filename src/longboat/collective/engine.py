@@ -42,7 +42,8 @@ from longboat.collective.plan import (
 )
 from longboat.collective.reducer import Reducer
 from longboat.collective.sharding.groups import ShardGroups
-from longboat.collective.sharding.reducer import WIRE_DTYPES, ShardedReducer
+from longboat.collective.sharding.scatter import WIRE_DTYPES
+from longboat.collective.sharding.setup import ShardSetup
 from longboat.collective.sharding.step import ShardedStep
 from longboat.collective.sync_bn import convert_sync_batchnorm
 from longboat.comm import algorithms
@@ -93,13 +94,13 @@ def distribute(
         return distribute_fully_sharded(model, optimizer, plan)  # type: ignore[return-value]
     model, named = _prepare(model, plan)
     comm = join_world(model, plan)
-    shards = shard_groups(plan)  # sharding (ZeRO): collective, the same order on every rank
+    sharding = shard_setup(named, plan, optimizer)  # collective, the same order on every rank
     if plan.runtime.compiled_fusion:
         model = cast(nn.Module, torch.compile(model))
     amp = Amp(plan.amp, named[0][1].device.type) if plan.amp is not None else None
     scaled = amp is not None and amp.scaler is not None
     reducer, compressors = build_reducer(
-        named, plan, optimizer, communicators=comm.pair, check_finite=scaled, shards=shards
+        named, plan, optimizer, communicators=comm.pair, check_finite=scaled, sharding=sharding
     )
     _warn_if_sync_bn_order_may_differ(plan, [*comm.fns, *compressors])
     tuner = (
@@ -109,7 +110,7 @@ def distribute(
     )
     wrapped = _wrap_model(model, plan, reducer, compressors, amp, named, tuner)
     keep_overlap(wrapped)  # a compiled module: cut its graph at the buckets
-    optimizer = _wrap_optimizer(optimizer, plan, wrapped, named, scaled, shards)
+    optimizer = _wrap_optimizer(optimizer, plan, wrapped, named, scaled, sharding)
     return wrapped, attach(wrapped, optimizer, plan.trace)
 
 
@@ -226,15 +227,13 @@ def _wrap_optimizer(
     wrapped: DistributedModel,
     named: list[tuple[str, nn.Parameter]],
     scaled: bool,
-    shards: ShardGroups | None = None,
+    sharding: ShardSetup | None = None,
 ) -> torch.optim.Optimizer | None:
     """The returned optimizer: the user's (or LARS/LAMB), with fused kernels, wrapped in a
     `StagedOptimizer` with the stages the plan asks for (loss scaling, DGC momentum,
     gradient merge, local SGD; their order is `StageKind`'s)."""
     local_sgd = wrapped.local_sgd
     if optimizer is None:
-        if shards is not None:
-            raise ValueError("sharding splits the optimizer's state: pass the optimizer")
         if local_sgd is not None:
             raise ValueError(
                 "local SGD averages parameters after optimizer steps: pass the optimizer"
@@ -258,22 +257,46 @@ def _wrap_optimizer(
         stages.append(MergeGate(wrapped))
     if local_sgd is not None:
         stages.append(LocalSGDStep(local_sgd, optimizer))
-    if shards is not None and plan.sharding is not None:
+    if sharding is not None:
         if cluster.rank() == 0:
-            log.info("%s", plan.sharding.describe(shards.degree))
-        stages.append(
-            ShardedStep(
-                optimizer, wrapped, shards, plan.sharding.stage, overlap=plan.sharding.overlap
-            )
-        )
+            log.info("%s", sharding.plan.describe(sharding.groups.degree))
+        stages.append(ShardedStep(optimizer, wrapped, sharding))
     return StagedOptimizer(optimizer, stages)
 
 
-def shard_groups(plan: CollectivePlan) -> ShardGroups | None:
-    """Sharding's process groups (collective), or None when sharding is off."""
+def shard_setup(
+    named: list[tuple[str, nn.Parameter]],
+    plan: CollectivePlan,
+    optimizer: torch.optim.Optimizer | None,
+) -> ShardSetup | None:
+    """Sharding's groups (collective) and this rank's layout over the reducer's buckets, built
+    once for the reducer and the sharded step; None when sharding is off."""
     if plan.sharding is None:
         return None
-    return ShardGroups.make(plan.sharding.degree_in(dist.get_world_size(), dist.get_rank()))
+    degree = plan.sharding.degree_in(dist.get_world_size(), dist.get_rank())
+    groups = ShardGroups.make(degree)
+    return ShardSetup.make(
+        plan.sharding,
+        groups,
+        [p for _, p in named],
+        bucket_plan(named, plan),
+        optimizer,
+        wire_dtype=WIRE_DTYPES.get(plan.compression.name),
+    )
+
+
+def bucket_plan(named: list[tuple[str, nn.Parameter]], plan: CollectivePlan) -> BucketPlan:
+    """The reducer's buckets for ``named`` as ``plan.comm`` sets them."""
+    specs = [
+        GradSpec(i, n, p.numel(), p.dtype, p.device, layer_of(n)) for i, (n, p) in enumerate(named)
+    ]
+    return plan_buckets(
+        specs,
+        fuse=plan.comm.fuse,
+        cap_mb=plan.comm.bucket_mb,
+        max_layers=plan.comm.layers_per_bucket,
+        last_cap_mb=plan.comm.last_bucket_mb,
+    )
 
 
 def _local_sgd(
@@ -305,7 +328,7 @@ def build_reducer(
     *,
     communicators: tuple[list[dist.ProcessGroup], list[AllreduceFn]] | None = None,
     check_finite: bool = False,
-    shards: ShardGroups | None = None,
+    sharding: ShardSetup | None = None,
 ) -> tuple[Reducer, list]:
     """The gradient reducer ``plan`` describes for ``named_params``, and its compressors.
 
@@ -328,8 +351,8 @@ def build_reducer(
             every rank must then call this in the same order.
         check_finite: record in ``reducer.last_finite`` whether the reduced gradients are
             free of inf/NaN (AMP loss scaling).
-        shards: sharding's groups; with ``plan.sharding`` at stage 2 the reducer
-            reduce-scatters the buckets over them (`ShardedReducer`).
+        sharding: sharding as `shard_setup` built it: the reducer takes its buckets, and at
+            stage 2 reduce-scatters them into this rank's slices (`ShardSetup.scatter`).
 
     Returns:
         ``(reducer, compressors)``: one compressor per communicator, the allreduce functions
@@ -339,18 +362,8 @@ def build_reducer(
         communicators = build_comm(plan.comm).pair
     comms, fns = communicators
     if buckets is None:
-        specs = [
-            GradSpec(i, n, p.numel(), p.dtype, p.device, layer_of(n))
-            for i, (n, p) in enumerate(named_params)
-        ]
-        buckets = plan_buckets(
-            specs,
-            fuse=plan.comm.fuse,
-            cap_mb=plan.comm.bucket_mb,
-            max_layers=plan.comm.layers_per_bucket,
-            last_cap_mb=plan.comm.last_bucket_mb,
-        )
-        described = buckets.describe(len(specs))
+        buckets = sharding.buckets if sharding is not None else bucket_plan(named_params, plan)
+        described = buckets.describe(len(named_params))
     else:
         described = f"{len(named_params)} gradient tensors in {len(buckets)} explicit buckets"
     # pre-divided buckets: half precision cannot overflow the sum
@@ -371,26 +384,16 @@ def build_reducer(
             len(fns),
             ", one allreduce in flight per communicator" if plan.comm.serial else "",
         )
-    if shards is not None and plan.sharding is not None and plan.sharding.stage == 2:
-        reducer: Reducer = ShardedReducer(
-            named_params,
-            buckets,
-            fns,
-            world_size=dist.get_world_size(),
-            groups=shards,
-            check_finite=check_finite,
-            wire_dtype=WIRE_DTYPES.get(plan.compression.name),
-        )
-    else:
-        reducer = Reducer(
-            named_params,
-            buckets,
-            fns,
-            world_size=dist.get_world_size(),
-            find_unused_parameters=plan.find_unused_parameters,
-            check_finite=check_finite,
-            flag_fns=flag_fns,
-        )
+    reducer = Reducer(
+        named_params,
+        buckets,
+        fns,
+        world_size=dist.get_world_size(),
+        find_unused_parameters=plan.find_unused_parameters,
+        check_finite=check_finite,
+        flag_fns=flag_fns,
+        collective=sharding.scatter if sharding is not None else None,
+    )
     for compressor in compressors:
         if hasattr(compressor, "set_layout"):
             for buffer, layout in reducer.bucket_layouts():

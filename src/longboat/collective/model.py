@@ -207,7 +207,7 @@ class DistributedModel(nn.Module):
         Call it after the step's backward (the counters are updated as buckets go out).
         """
         sent = sum(c.stats.bytes_sent for c in self.compressors)
-        sent += getattr(self.reducer, "bytes_scattered", 0)  # sharding stage 2's reduce-scatters
+        sent += self.reducer.collective.bytes_sent  # sharding stage 2's reduce-scatters
         if self.local_sgd is not None:  # parameter averaging instead of gradient allreduce
             from longboat.comm.compress import ring_bytes
 
@@ -218,10 +218,7 @@ class DistributedModel(nn.Module):
         """``torch.nn.utils.clip_grad_norm_`` of the reduced gradients; under sharding stage 2,
         where each rank holds a slice of them, the norm is taken over every rank's slices.
         Call it between backward and ``optimizer.step()``, on every rank."""
-        clip = getattr(self.reducer, "clip_grad_norm_", None)  # sharding's reducer
-        if clip is not None:
-            return clip(max_norm, norm_type)
-        return torch.nn.utils.clip_grad_norm_(self.reducer.params, max_norm, norm_type)
+        return self.reducer.collective.clip_grad_norm_(self.reducer.params, max_norm, norm_type)
 
     def is_merge_boundary(self) -> bool:
         """True when the current micro step completes a gradient-merge cycle."""

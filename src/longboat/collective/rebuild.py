@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from longboat.collective.engine import build_reducer, join_world, live_placement, shard_groups
+from longboat.collective.engine import build_reducer, join_world, live_placement, shard_setup
 from longboat.collective.model import DistributedModel
-from longboat.collective.sharding.slices import step_of
-from longboat.collective.sharding.step import ShardedStep
+from longboat.collective.sharding.step import ShardedStep, step_of
 from longboat.optim.staged import StagedOptimizer
 from longboat.registry import COMPRESSORS
 from longboat.trace import attach
@@ -61,22 +60,19 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     old = model.reducer
     plan = model.plan.on(live_placement())  # the new world's placement decides anew
     comm = join_world(model.module, plan)  # meets newcomers in lb.distribute's calls
-    shards = shard_groups(plan)  # after join_world, as lb.distribute makes them
-    reducer, compressors = build_reducer(
-        list(zip(old.names, old.params, strict=True)),
+    named = list(zip(old.names, old.params, strict=True))
+    sharding = shard_setup(named, plan, sharded.user if sharded is not None else None)
+    reducer, compressors = build_reducer(  # shards made after join_world, as lb.distribute does
+        named,
         plan,
         optimizer,
         communicators=comm.pair,
         check_finite=old.check_finite,
-        shards=shards,
+        sharding=sharding,
     )
     model.replace_reducer(reducer, compressors, plan, keep_observer=False)
     model.micro_step = 0
-    if sharded is not None and shards is not None:
-        assert isinstance(optimizer, StagedOptimizer) and plan.sharding is not None
-        optimizer.set_stage(
-            ShardedStep(
-                sharded.user, model, shards, plan.sharding.stage, overlap=plan.sharding.overlap
-            )
-        )
+    if sharded is not None and sharding is not None:
+        assert isinstance(optimizer, StagedOptimizer)
+        optimizer.set_stage(ShardedStep(sharded.user, model, sharding))
     attach(model, optimizer, plan.trace)  # the optimizer's timeline stage records anew

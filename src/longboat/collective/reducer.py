@@ -10,6 +10,10 @@ and points each ``param.grad`` at its averaged slot of the bucket buffer. Gradie
 by the world size as they are copied into the bucket (during backward), so nothing but the
 allreduce remains on the critical path once backward ends.
 
+What reducing a bucket is, is handed in (`BucketCollective`): the allreduce (`Allreduce`, the
+default), or sharding stage 2's reduce-scatter into this rank's slice, whose full buffers live
+only from packing to the end of backward.
+
 The final bucket carries one extra slot per parameter: 1 if this rank produced a gradient for
 it. After the allreduce every rank knows how many ranks used each parameter, at no extra
 communication: that is how unused parameters are detected (and named) on every rank.
@@ -31,7 +35,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from longboat.collective.buckets import BucketPlan, assign_communicators
+from longboat.collective.buckets import (
+    Allreduce,
+    BucketCollective,
+    BucketPlan,
+    assign_communicators,
+)
 from longboat.collective.compiled_autograd import refuse_compiled_autograd
 from longboat.collective.usage import PendingCounts, UsageMarks, read_counts, reads_block
 from longboat.comm.algorithms import AllreduceFn, Handle
@@ -65,10 +74,15 @@ class UnusedParametersError(RuntimeError):
 
 
 class _Bucket:
-    """One fused allreduce: a flat buffer and the parameters it holds."""
+    """One fused reduction: a flat buffer and the parameters it holds."""
 
     def __init__(
-        self, index: int, members: Sequence[int], params: Sequence[nn.Parameter], comm: int
+        self,
+        index: int,
+        members: Sequence[int],
+        params: Sequence[nn.Parameter],
+        comm: int,
+        kept: bool = True,
     ):
         self.index = index
         self.members = tuple(members)
@@ -80,7 +94,8 @@ class _Bucket:
             self.offsets.append(total)
             total += params[i].numel()
         self.numel = total
-        self.buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
+        # kept: zeros between backwards; else empty until packed
+        self.buffer = torch.zeros(total if kept else 0, dtype=first.dtype, device=first.device)
         self.pending = len(self.members)
         self.handle: Handle | None = None
 
@@ -98,6 +113,9 @@ class Reducer:
     ``lb.trace.attach`` after construction, not passed to it, because the observer's stall watch
     is built from this reducer's `bucket_members`, and ``Strategy(auto=True)`` hands it on to
     each candidate reducer it installs. A plain attribute, read on the hot path.
+
+    ``collective`` (default: `Allreduce` of ``allreduce_fns``) is what each bucket's reduction
+    is; the used-parameter flags always go through ``flag_fns`` (default ``allreduce_fns``).
     """
 
     observer: Observer | None
@@ -112,6 +130,7 @@ class Reducer:
         find_unused_parameters: bool = False,
         check_finite: bool = False,
         flag_fns: Sequence[AllreduceFn] | None = None,
+        collective: BucketCollective | None = None,
     ):
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
@@ -121,20 +140,26 @@ class Reducer:
         self._finite: torch.Tensor | None = None  # AMP: device flag, read by last_finite
         self._finite_read: bool | None = None
         self._fns = list(allreduce_fns)
+        self.collective = collective if collective is not None else Allreduce(self._fns)
+        kept = self.collective.keeps_buffers
         # lossy compressors get the used-parameter flags sent apart, exactly, through these
         self._flag_fns = list(flag_fns) if flag_fns is not None else self._fns
         sizes = [sum(self.params[i].nbytes for i in members) for members in plan.buckets]
         comms = assign_communicators(sizes, len(self._fns))
         self._buckets = [
-            _Bucket(b, members, self.params, comm=comms[b])
+            _Bucket(b, members, self.params, comm=comms[b], kept=kept)
             for b, members in enumerate(plan.buckets)
         ]
         self._where = [(0, 0)] * len(self.params)  # param index -> (bucket, offset)
         for bucket in self._buckets:
             for i, off in zip(bucket.members, bucket.offsets, strict=True):
                 self._where[i] = (bucket.index, off)
-        self._flags, self._flags_handle_separate = self._make_flags(apart=flag_fns is not None)
-        self._slots = [self._slot_view(i) for i in range(len(self.params))]
+        apart = flag_fns is not None or not kept
+        self._flags, self._flags_handle_separate = self._make_flags(apart=apart)
+        self._slots = [  # not kept: the (empty) bucket buffer, until a pack makes the views
+            self._slot_view(i) if kept else self._buckets[self._where[i][0]].buffer
+            for i in range(len(self.params))
+        ]
         self._ready = [False] * len(self.params)
         self._marks = UsageMarks(len(self.params))
         self._reads_block = reads_block(self._flags.device)
@@ -269,8 +294,14 @@ class Reducer:
         """Copy the bucket's gradients into its buffer, pre-divided (zeros where none).
 
         One multi-tensor copy and one scale per bucket: per-gradient kernels launched from
-        Python would make the host, not the GPU, set the pace of backward.
+        Python would make the host, not the GPU, set the pace of backward. A collective that
+        does not keep the buffers gives a fresh one here, and the ``.grad`` copied in go.
         """
+        kept = self.collective.keeps_buffers
+        if not kept:
+            bucket.buffer = self.collective.buffer(bucket.index)
+            for i in bucket.members:
+                self._slots[i] = self._slot_view(i)
         targets, sources = [], []
         for i in bucket.members:
             grad, slot = self.params[i].grad, self._slots[i]
@@ -283,6 +314,9 @@ class Reducer:
             torch._foreach_copy_(targets, sources)
         if self._scale != 1.0:
             bucket.buffer[: bucket.numel].mul_(self._scale)
+        if not kept:
+            for i in bucket.members:
+                self.params[i].grad = None
 
     def _launch_in_order(self) -> None:
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
@@ -293,16 +327,11 @@ class Reducer:
         last = bucket.index == len(self._buckets) - 1
         if last:  # buckets launch in order: every gradient of this backward is in by now
             self._marks.write(self._flags)
-        bucket.handle = self._collective(bucket)
+        bucket.handle = self.collective.launch(bucket.index, bucket.comm, bucket.buffer)
         if self.observer is not None:
             self.observer.launched(bucket.index, bucket.comm, bucket.buffer, bucket.handle)
         if self._flags_handle_separate and last:
             self._flags_handle = self._flag_fns[bucket.comm](self._flags)
-
-    def _collective(self, bucket: _Bucket) -> Handle:
-        """Start the bucket's reduction: the allreduce of its buffer on its communicator
-        (sharding's reducer reduce-scatters it instead)."""
-        return self._fns[bucket.comm](bucket.buffer)
 
     def flush(self) -> None:
         """Reduce now, outside backward, and write the averaged gradients to ``.grad``.
@@ -338,7 +367,9 @@ class Reducer:
             if self._flags_handle is not None:
                 wait_for(self._flags_handle)
             if self.check_finite:  # a rank's inf/NaN is in every rank's sum: same answer everywhere
-                self._finite = self._finite_flag()
+                self._finite = self.collective.all_finite(
+                    [b.buffer[: b.numel] for b in self._buckets]
+                )
                 self._finite_read = None
             used_on = self._usage()
             self._write_back(used_on)
@@ -346,10 +377,6 @@ class Reducer:
             self._prepared = False
             if self.observer is not None:
                 self.observer.synced()
-
-    def _finite_flag(self) -> torch.Tensor:
-        """On the device: are the reduced buckets free of inf/NaN?"""
-        return torch.stack([torch.isfinite(b.buffer[: b.numel]).all() for b in self._buckets]).all()
 
     @property
     def last_finite(self) -> bool:
@@ -412,10 +439,22 @@ class Reducer:
         """Point each ``.grad`` at its averaged slot; ``used_on`` None: used everywhere.
 
         Gradients are views into the bucket buffers (DDP's ``gradient_as_bucket_view``): no
-        copy after the allreduce. The next backward overwrites them in place.
+        copy after the allreduce. The next backward overwrites them in place. A collective that
+        keeps no buffers left its result elsewhere: the full buffers are released instead.
         """
+        if not self.collective.keeps_buffers:
+            self._release_buffers()
+            return
         for i, (param, reduced) in enumerate(zip(self.params, self._slots, strict=True)):
             if used_on is not None and used_on[i] == 0:
                 continue  # unused on every rank: leave .grad as single-process would
             if param.grad is None or param.grad.data_ptr() != reduced.data_ptr():
                 param.grad = reduced
+
+    def _release_buffers(self) -> None:
+        """Drop every full bucket buffer: its handle (which holds it) and every view of it."""
+        for bucket in self._buckets:
+            bucket.handle = None
+            bucket.buffer = bucket.buffer.new_empty(0)
+            for i in bucket.members:
+                self._slots[i] = bucket.buffer  # replaced at the next pack

@@ -10,14 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from longboat.collective.sharding.slices import (
-    fill,
-    local_slices,
-    segments,
-    shard_of,
-    stateful,
-    step_of,
-)
+from longboat.collective.sharding.slices import fill, local_slices, segments, shard_of, stateful
+from longboat.collective.sharding.step import step_of
 from longboat.elastic.reshard import reshard as reshard_step
 
 

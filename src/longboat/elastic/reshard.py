@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from longboat.collective.sharding.slices import Segment, assign, fill, put, segments, stateful
-from longboat.collective.sharding.state import group_of_params, is_shaped, scalars
+from longboat.collective.sharding.held import put
+from longboat.collective.sharding.slices import Segment, assign, fill, segments, stateful
+from longboat.collective.sharding.state import is_shaped, scalars
 from longboat.comm.exchange import allgather_bytes, any_rank
 from longboat.elastic.membership import ElasticError
 
 if TYPE_CHECKING:
-    from longboat.collective.sharding.step import ShardedStep
+    from longboat.collective.sharding.shard_optimizer import ShardOptimizer
 
 Groups = dict[int, dict[str, dict[str, Any]]]
 
@@ -34,7 +35,7 @@ class ShardsLostError(ElasticError):
     """Part of the sharded optimizer state was held only by ranks that left the job."""
 
 
-def reshard(step: ShardedStep, held: Mapping[str, Any] | None, commits: int) -> None:
+def reshard(step: ShardOptimizer, held: Mapping[str, Any] | None, commits: int) -> None:
     """Give ``step`` (built for this world) its pieces' state from what the ranks hold:
     ``held`` is this rank's `local_slices` at commit ``commits`` (None: it holds nothing, a
     newcomer). Collective over the world. Nothing changes when no rank holds state;
@@ -78,17 +79,17 @@ def _shaped_groups(groups: Groups) -> set[int]:
     return {g for g, info in groups.items() if any(is_shaped(e) for e in info.values())}
 
 
-def _wanted(step: ShardedStep, groups: Groups) -> list[Segment]:
+def _wanted(step: ShardOptimizer, groups: Groups) -> list[Segment]:
     """Every element whose param group holds shaped state."""
     shaped = _shaped_groups(groups)
     return [
         (i, 0, step.params[i].numel())
-        for i, g in enumerate(group_of_params(step))
+        for i, g in enumerate(step.group_of)
         if g is not None and g in shaped
     ]
 
 
-def _mine(step: ShardedStep, groups: Groups) -> list[Segment]:
+def _mine(step: ShardOptimizer, groups: Groups) -> list[Segment]:
     """This rank's pieces whose param group holds shaped state."""
     shaped = _shaped_groups(groups)
     pieces = zip(segments(step), step.pieces, strict=True)
@@ -96,7 +97,7 @@ def _mine(step: ShardedStep, groups: Groups) -> list[Segment]:
 
 
 def _transfer(
-    step: ShardedStep,
+    step: ShardOptimizer,
     groups: Groups,
     holders: Mapping[int, Sequence[Segment]],
     wanted: list[Segment],
@@ -135,9 +136,9 @@ def _transfer(
             put(step, k, shaped[k], scalars(info))
 
 
-def _lost(step: ShardedStep, missing: list[Segment], shards: list[dict[str, int]]) -> str:
+def _lost(step: ShardOptimizer, missing: list[Segment], shards: list[dict[str, int]]) -> str:
     """What was lost, where it was, and how to recover."""
-    names = step.model.reducer.names
+    names = step.names
     count = sum(b - a for _, a, b in missing)
     shown = ", ".join(f"{names[p]}[{a}:{b}]" for p, a, b in missing[:3])
     more = f" and {len(missing) - 3} more ranges" if len(missing) > 3 else ""

@@ -1,10 +1,26 @@
 """Sharding (ZeRO stage 1 and 2) inside data parallelism: ``Strategy(sharding=True)``.
 
-``config`` (the resolved settings), ``layout`` (which slice of each gradient bucket a rank
-owns), ``groups`` (the shard and replica process groups), ``reducer`` (stage 2's
-reduce-scattering reducer), ``step`` (the optimizer stage that steps the shards and gathers
-the parameters), ``state`` (``state_dict`` in torch's unsharded layout), ``clip`` (the global
-gradient norm over shards) and ``memory`` (bytes per rank). See docs/sharding.md.
+Each module has one job:
+
+- ``config``: the resolved settings (`ShardingPlan`).
+- ``setup``: what sharding accepts and lays out once per world (`ShardSetup`), shared by the
+  reducer and the step.
+- ``layout``: which slice of each gradient bucket a rank owns, cut into pieces of parameters.
+- ``groups``: the shard and replica process groups and their collectives.
+- ``scatter``: stage 2's bucket collective, the reduce-scatter into this rank's slice.
+- ``shard_optimizer``: the user's optimizer class over this rank's slices.
+- ``held``: the shard optimizer's state per piece (shaped or scalar), read and written there.
+- ``step``: the optimizer stage that steps the slices and gathers the parameters.
+- ``gather`` and ``readers``: the all-gather of the parameters, and who reads which in a
+  forward (``comm_overlap``).
+- ``norms``: whole-parameter norms for LARS and LAMB over slices.
+- ``clip``: the global gradient norm over slices.
+- ``state``: ``state_dict`` in torch's unsharded layout, and back.
+- ``slices``: a rank's slices in parameter coordinates, and how they fill another layout.
+- ``files``: per-rank checkpoint files.
+- ``memory``: bytes per rank.
+
+See docs/sharding.md.
 """
 
 from longboat.collective.sharding.config import ShardingPlan

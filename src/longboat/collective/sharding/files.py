@@ -35,12 +35,13 @@ from longboat.checkpoint import (
     save_checkpoint,
     write_atomically,
 )
-from longboat.collective.sharding.slices import fill, local_slices, stateful, step_of
-from longboat.collective.sharding.state import descriptions, group_of_params, load_param_groups
+from longboat.collective.sharding.slices import fill, local_slices, stateful
+from longboat.collective.sharding.state import descriptions, load_param_groups
+from longboat.collective.sharding.step import step_of
 from longboat.comm.exchange import allgather_bytes
 
 if TYPE_CHECKING:
-    from longboat.collective.sharding.step import ShardedStep
+    from longboat.collective.sharding.shard_optimizer import ShardOptimizer
 
 INDEX = "index.json"
 FORMAT = "longboat-sharded-optimizer"
@@ -48,7 +49,7 @@ VERSION = 1
 _OURS = re.compile(r"^(?:common-(?P<a>[0-9a-f]+)|optimizer-(?P<b>[0-9a-f]+)-\d+-of-\d+)\.pt$")
 
 
-def _require(optimizer: object, what: str) -> ShardedStep:
+def _require(optimizer: object, what: str) -> ShardOptimizer:
     step = step_of(optimizer)
     if step is None:
         raise ValueError(
@@ -105,7 +106,7 @@ def save_sharded_checkpoint(
     return "file" in report or rank == 0
 
 
-def _write_shard(step: ShardedStep, target: Path, token: str) -> dict[str, Any]:
+def _write_shard(step: ShardOptimizer, target: Path, token: str) -> dict[str, Any]:
     """This rank's slices that hold state, to its file; what the index says of it."""
     segs, state = stateful(local_slices(step))
     pieces = [list(seg) for seg in segs]
@@ -126,10 +127,10 @@ def _raise_failed(reports: list[dict[str, Any]], target: Path) -> None:
 
 
 def _index(
-    step: ShardedStep, token: str, groups: dict[int, Any], files: list[dict[str, Any]]
+    step: ShardOptimizer, token: str, groups: dict[int, Any], files: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The JSON index: what was saved, and which elements each file holds."""
-    group_of = group_of_params(step)
+    group_of = step.group_of
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -140,7 +141,7 @@ def _index(
         "optimizer": type(step.user).__name__,
         "params": [
             {"name": name, "shape": list(p.shape), "group": g}
-            for name, p, g in zip(step.model.reducer.names, step.params, group_of, strict=True)
+            for name, p, g in zip(step.names, step.params, group_of, strict=True)
         ],
         "groups": {str(g): info for g, info in sorted(groups.items())},
         "common": f"common-{token}.pt",
@@ -197,7 +198,7 @@ def load_sharded_checkpoint(
         p, a, b = lost[0]
         raise CheckpointError(
             f"load_sharded_checkpoint: no file of {target / INDEX} holds elements {a}:{b} of "
-            f"{step.model.reducer.names[p]} ({len(lost)} such ranges): the index is damaged"
+            f"{step.names[p]} ({len(lost)} such ranges): the index is damaged"
         )
     return common["state"]
 
@@ -228,7 +229,7 @@ def _read_index(target: Path) -> dict[str, Any] | None:
     return index
 
 
-def _match_params(step: ShardedStep, index: dict[str, Any], target: Path) -> list[int]:
+def _match_params(step: ShardOptimizer, index: dict[str, Any], target: Path) -> list[int]:
     """Saved parameter index -> this model's; CheckpointError naming what differs."""
     where = f"load_sharded_checkpoint: {target}"
     if index["optimizer"] != type(step.user).__name__:
@@ -236,8 +237,8 @@ def _match_params(step: ShardedStep, index: dict[str, Any], target: Path) -> lis
             f"{where} holds the state of {index['optimizer']}, not of "
             f"{type(step.user).__name__}: load it into the optimizer class that saved it"
         )
-    names = {n: i for i, n in enumerate(step.model.reducer.names)}
-    group_of = group_of_params(step)
+    names = {n: i for i, n in enumerate(step.names)}
+    group_of = step.group_of
     position, seen = [], set()
     for saved in index["params"]:
         i = names.get(saved["name"])
@@ -254,7 +255,7 @@ def _match_params(step: ShardedStep, index: dict[str, Any], target: Path) -> lis
             )
         position.append(i)
         seen.add(i)
-    names_of = step.model.reducer.names
+    names_of = step.names
     unsaved = [names_of[i] for i, g in enumerate(group_of) if g is not None and i not in seen]
     if unsaved:
         raise CheckpointError(f"{where} has no state for {', '.join(unsaved[:5])}")

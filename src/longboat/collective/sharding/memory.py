@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from longboat.optim.staged import StagedOptimizer, StageKind
+from longboat.collective.sharding.held import state_tensors
+from longboat.collective.sharding.step import step_of
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,9 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
 def memory_report(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> MemoryReport:
     """This rank's optimizer-state, gradient and parameter bytes for a model and optimizer
     ``lb.distribute`` returned (or plain ones)."""
-    sharded = (
-        optimizer.stage(StageKind.SHARDED_STEP) if isinstance(optimizer, StagedOptimizer) else None
-    )
+    sharded = step_of(optimizer)
     if sharded is not None:
-        state = list(sharded.state_tensors())  # type: ignore[attr-defined]
+        state = state_tensors(sharded)
     elif optimizer is not None:
         state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     else:
@@ -55,9 +54,9 @@ def memory_report(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
     reducer = getattr(model, "reducer", None)
     if reducer is not None:
         grads += [buffer for buffer, _ in reducer.bucket_layouts()]
-        grads += list(getattr(reducer, "grad_shards", []))
-    if sharded is not None:  # zeros standing in for a missing .grad (stage 1)
-        grads += [p.grad for p in sharded.shard_params if p.grad is not None]  # type: ignore[attr-defined]
+    if sharded is not None:  # stage 2's slices; zeros standing in for a missing .grad
+        grads += sharded.scatter.slices if sharded.scatter is not None else []
+        grads += [p.grad for p in sharded.shard_params if p.grad is not None]
     device = params[0].device if params else torch.device("cpu")
     allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     return MemoryReport(

@@ -6,8 +6,8 @@ A *segment* ``(param, start, stop)`` names elements ``[start, stop)`` of trained
 a rank holds: its pieces as segments and, per piece, the flat shaped state (Adam's moments);
 the per-rank checkpoint files (`longboat.collective.sharding.files`) and the elastic
 resharding (`longboat.elastic.reshard`) both move state in this form. `assign`
-says who supplies each wanted element; `fill` and `put` set the state of a (new) layout's
-pieces.
+says who supplies each wanted element; `fill` sets the state of a (new) layout's pieces from
+them.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from longboat.collective.sharding.held import put, shaped_state
 from longboat.collective.sharding.state import describe, is_shaped, scalars
-from longboat.optim.staged import StagedOptimizer, StageKind
 
 if TYPE_CHECKING:
-    from longboat.collective.sharding.step import ShardedStep
+    from longboat.collective.sharding.shard_optimizer import ShardOptimizer
 
 Segment = tuple[int, int, int]
 """``(param, start, stop)``: elements ``[start, stop)`` of a trained parameter."""
@@ -32,35 +32,24 @@ Supply = tuple[int, int, int, int]
 ``holder`` (the parameter is the segment's)."""
 
 
-def step_of(optimizer: object) -> ShardedStep | None:
-    """The sharded step of an optimizer ``lb.distribute`` returned, or None (not sharded)."""
-    if not isinstance(optimizer, StagedOptimizer):
-        return None
-    return optimizer.stage(StageKind.SHARDED_STEP)  # type: ignore[return-value]
-
-
-def segments(step: ShardedStep) -> list[Segment]:
+def segments(step: ShardOptimizer) -> list[Segment]:
     """This rank's pieces (those the optimizer steps) as segments, in ``step.pieces`` order."""
     return [(p.param, p.start, p.stop) for _, p in step.pieces]
 
 
-def local_slices(step: ShardedStep) -> dict[str, Any]:
+def local_slices(step: ShardOptimizer) -> dict[str, Any]:
     """What this rank holds: ``pieces`` (segments), ``state`` (per piece, the shaped state as
     flat tensors: the optimizer's own, not copies), ``groups`` (`describe`: dtypes and
     scalars per user group) and ``shard`` (the world, rank, degree and shard index)."""
-    state = []
-    for p in step.shard_params:
-        held = step.optimizer.state.get(p, {}) if step.optimizer is not None else {}
-        state.append({k: v for k, v in held.items() if isinstance(v, torch.Tensor) and v.dim()})
     return {
         "pieces": [list(s) for s in segments(step)],
-        "state": state,
+        "state": [shaped_state(step, k) for k in range(len(step.shard_params))],
         "groups": describe(step),
         "shard": shard_of(step),
     }
 
 
-def shard_of(step: ShardedStep) -> dict[str, int]:
+def shard_of(step: ShardOptimizer) -> dict[str, int]:
     """Where ``step`` sits: the world size, this rank, the shard degree and its index."""
     return {
         "world": dist.get_world_size(),
@@ -119,7 +108,7 @@ def _extend(out: list[Segment], seg: Segment) -> None:
 
 
 def fill(
-    step: ShardedStep,
+    step: ShardOptimizer,
     groups: Mapping[int, Mapping[str, dict[str, Any]]],
     holdings: Mapping[int, Sequence[Segment]],
     read: Callable[[int, int], Mapping[str, torch.Tensor]],
@@ -147,18 +136,3 @@ def fill(
                     out[lo - seg[1] : hi - seg[1]].copy_(value[lo - a : hi - a])
         put(step, k, shaped, scalars(info))
     return lost
-
-
-def put(step: ShardedStep, k: int, shaped: Mapping[str, torch.Tensor], scalars: dict) -> None:
-    """The state of piece ``k``: ``shaped`` (flat over the piece's elements; copied, floating
-    values cast to the parameter's dtype as torch's ``load_state_dict`` casts) and
-    ``scalars`` (cloned: optimizers step them in place). Nothing when both are empty (a piece not yet stepped)."""
-    assert step.optimizer is not None
-    param = step.shard_params[k]
-    entry: dict[str, Any] = {}
-    for key, value in shaped.items():
-        dtype = param.dtype if value.is_floating_point() else value.dtype
-        entry[key] = value.to(device=param.device, dtype=dtype, copy=True)
-    entry.update({k: v.clone() if torch.is_tensor(v) else v for k, v in scalars.items()})
-    if entry:
-        step.optimizer.state[param] = entry

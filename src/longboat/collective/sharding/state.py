@@ -14,37 +14,30 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from longboat.collective.sharding.layout import Piece, flat_view
+from longboat.collective.sharding.held import over_elements, put, shaped_state, state_of
+from longboat.collective.sharding.layout import flat_view
 from longboat.comm.exchange import allgather_bytes
 from longboat.comm.handles import wait_for
 
 if TYPE_CHECKING:
-    from longboat.collective.sharding.step import ShardedStep
+    from longboat.collective.sharding.shard_optimizer import ShardOptimizer
 
 
-def _shaped(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.dim() > 0
-
-
-def describe(step: ShardedStep) -> dict[str, dict[str, Any]]:
+def describe(step: ShardOptimizer) -> dict[str, dict[str, Any]]:
     """Per user group with state here (keys: the group's index as text), JSON-safe:
     ``{key: {"dtype": name}}`` for shaped state, ``{key: {"scalar": value, "dtype": name}}``
     for a scalar tensor (the same on every shard of the group), ``{key: {"value": v}}`` for
     a Python number."""
     out: dict[str, dict[str, Any]] = {}
-    if step.optimizer is None:
-        return out
-    for user, shard in step.group_map:
-        for p in step.optimizer.param_groups[shard]["params"]:
-            state = step.optimizer.state.get(p)
-            if state:
-                out[str(user)] = {k: _entry(k, v) for k, v in state.items()}
-                break
+    for k, (_, piece) in enumerate(step.pieces):
+        state = state_of(step, k)
+        if state and str(piece.group) not in out:
+            out[str(piece.group)] = {key: _entry(key, v) for key, v in state.items()}
     return out
 
 
 def _entry(key: str, value: Any) -> dict[str, Any]:
-    if _shaped(value):
+    if over_elements(value):
         return {"dtype": str(value.dtype).removeprefix("torch.")}
     if torch.is_tensor(value):
         return {"scalar": value.item(), "dtype": str(value.dtype).removeprefix("torch.")}
@@ -56,7 +49,7 @@ def _entry(key: str, value: Any) -> dict[str, Any]:
     )
 
 
-def descriptions(step: ShardedStep) -> dict[int, dict[str, dict[str, Any]]]:
+def descriptions(step: ShardOptimizer) -> dict[int, dict[str, dict[str, Any]]]:
     """Every shard rank's `describe`, merged: user group -> key -> entry (JSON over the
     shard group; nothing that crosses the network is unpickled)."""
     mine = json.dumps(describe(step)).encode()
@@ -72,26 +65,26 @@ def is_shaped(entry: dict[str, Any] | None) -> bool:
 
 
 def _gathered_shaped(
-    step: ShardedStep, keys: dict[int, dict[str, dict[str, Any]]], group_of: list[int | None]
+    step: ShardOptimizer, keys: dict[int, dict[str, dict[str, Any]]]
 ) -> dict[int, dict[str, torch.Tensor]]:
     """Parameter index -> shaped state, all-gathered bucket by bucket from the shards."""
     dtypes = {k: e["dtype"] for info in keys.values() for k, e in info.items() if is_shaped(e)}
-    pieces: dict[int, list[tuple[Piece, torch.Tensor]]] = {}
-    for (s, piece), p in zip(step.pieces, step.shard_params, strict=True):
-        pieces.setdefault(s.index, []).append((piece, p))
+    pieces: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
+    for k, (s, _) in enumerate(step.pieces):
+        pieces.setdefault(s.index, []).append((k, shaped_state(step, k)))
     full_state: dict[int, dict[str, torch.Tensor]] = {}
     for s in step.layout.buckets:
         for key in sorted(dtypes):
             dtype = getattr(torch, dtypes[key])
             local = torch.zeros(s.shard_numel, dtype=dtype, device=s.device)
-            for piece, p in pieces.get(s.index, []):
-                state = step.optimizer.state.get(p) if step.optimizer is not None else None
-                if state and key in state:
+            for k, state in pieces.get(s.index, []):
+                piece = step.pieces[k][1]
+                if key in state:
                     local[piece.at : piece.at + piece.numel].copy_(state[key])
             full = torch.empty(s.shard_numel * step.groups.degree, dtype=dtype, device=s.device)
             wait_for(step.groups.all_gather(full, local))
             for i, off in s.members:
-                g = group_of[i]
+                g = step.group_of[i]
                 if g is None or not is_shaped(keys.get(g, {}).get(key)):
                     continue
                 param = step.params[i]
@@ -112,12 +105,11 @@ def scalars(info: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def gather_state_dict(step: ShardedStep) -> dict[str, Any]:
+def gather_state_dict(step: ShardOptimizer) -> dict[str, Any]:
     """The full ``state_dict`` of the user's optimizer class (collective over the job)."""
     keys = descriptions(step)
-    group_of = group_of_params(step)
-    full_state: dict[int, dict[str, Any]] = _gathered_shaped(step, keys, group_of)
-    for i, g in enumerate(group_of):
+    full_state: dict[int, dict[str, Any]] = _gathered_shaped(step, keys)
+    for i, g in enumerate(step.group_of):
         if g is not None and g in keys:
             full_state.setdefault(i, {}).update(scalars(keys[g]))
     plain = step.user.state_dict()  # the user's param groups, numbered as torch numbers them
@@ -128,11 +120,9 @@ def gather_state_dict(step: ShardedStep) -> dict[str, Any]:
     return plain
 
 
-def load_gathered_state_dict(step: ShardedStep, state_dict: dict[str, Any]) -> None:
+def load_gathered_state_dict(step: ShardOptimizer, state_dict: dict[str, Any]) -> None:
     """Load a full ``state_dict`` (this one's or the plain optimizer's): the hyper-parameters
     into the user's param groups, this rank's slices of the state into the shard optimizer."""
-    from longboat.collective.sharding.slices import put
-
     saved_groups = state_dict["param_groups"]
     load_param_groups(step, saved_groups)
     position = {id(p): i for i, p in enumerate(step.params)}
@@ -149,12 +139,12 @@ def load_gathered_state_dict(step: ShardedStep, state_dict: dict[str, Any]) -> N
         shaped = {
             key: _flat_like(v, param)[piece.start : piece.stop]
             for key, v in saved.items()
-            if _shaped(v)
+            if over_elements(v)
         }
-        put(step, k, shaped, {key: v for key, v in saved.items() if not _shaped(v)})
+        put(step, k, shaped, {key: v for key, v in saved.items() if not over_elements(v)})
 
 
-def load_param_groups(step: ShardedStep, saved_groups: list[dict[str, Any]]) -> None:
+def load_param_groups(step: ShardOptimizer, saved_groups: list[dict[str, Any]]) -> None:
     """Copy the hyper-parameters of ``saved_groups`` (a ``state_dict``'s ``param_groups``)
     into the user's param groups; ValueError when their number or sizes differ."""
     user = step.user
@@ -182,16 +172,7 @@ def _flat_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return flat_view(value)
 
 
-def group_of_params(step: ShardedStep) -> list[int | None]:
-    position = {id(p): i for i, p in enumerate(step.params)}
-    group_of: list[int | None] = [None] * len(step.params)
-    for g, group in enumerate(step.user.param_groups):
-        for p in group["params"]:
-            group_of[position[id(p)]] = g
-    return group_of
-
-
-def _torch_index(step: ShardedStep) -> dict[int, int]:
+def _torch_index(step: ShardOptimizer) -> dict[int, int]:
     """Trained-parameter index -> the index torch's ``state_dict`` gives it."""
     position = {id(p): i for i, p in enumerate(step.params)}
     ordered = [p for group in step.user.param_groups for p in group["params"]]
