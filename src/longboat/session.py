@@ -30,7 +30,15 @@ def init(
     "gloo" without. ``timeout`` (seconds): argument, else LONGBOAT_TIMEOUT, else 300; bounds
     the rendezvous and every collective of the job.
     """
-    return start_group(strategy, backend, timeout, startup=startup())
+    from longboat.cluster import is_initialized
+    from longboat.elastic import world
+
+    def begin() -> ClusterInfo:
+        return start_group(strategy, backend, timeout, startup=startup())
+
+    if world.is_elastic() and not is_initialized():
+        return world.join(begin)  # a round replaced while it forms is joined again
+    return begin()
 
 
 def startup() -> Startup:

@@ -84,3 +84,9 @@ def test_every_rank_killed_without_node_copies_ends_in_one_line_and_never_starts
         assert "reached commit 5" in console, console[-2000:]
     assert _starts(records) == [0, 0], "only the first ranks trained"
     assert not (tmp_path / "out.json").exists()
+
+
+def test_every_rank_killed_with_a_sharded_optimizer_resumes_every_shard(tmp_path: Path) -> None:
+    """Each rank's node copy holds its own slices: no shard is lost with the ranks."""
+    ends, records = _crash(tmp_path, 2, "all@5+0.02", PROBE_SHARDING=2)
+    _assert_resumed_at(tmp_path, ends, records, 2, 5)

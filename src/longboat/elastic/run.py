@@ -39,18 +39,21 @@ def run(train: Callable[..., T]) -> Callable[..., T]:
             return train(state, *args, **kwargs)
         if not cluster.is_initialized():  # lb.init() not called: join the round at least
             cluster.init(startup=join.startup())
-        _sync(state)
         resets, last_commits = 0, state.commits
+        lost_in_sync = _first_sync(state)  # a peer lost while the state moved: rejoin
         while True:
-            try:
-                return train(state, *args, **kwargs)
-            except world.MembershipChanged as exc:
-                lost, reason = False, str(exc)
-            except Exception as exc:
-                if not is_peer_failure(exc):
-                    raise
-                lost, reason = True, describe(exc)
-                state.restore()
+            if lost_in_sync:
+                lost, reason, lost_in_sync = True, lost_in_sync, ""
+            else:
+                try:
+                    return train(state, *args, **kwargs)
+                except world.MembershipChanged as exc:
+                    lost, reason = False, str(exc)
+                except Exception as exc:
+                    if not is_peer_failure(exc):
+                        raise
+                    lost, reason = True, describe(exc)
+                    state.restore()
             began = time.monotonic()
             resets = resets + 1 if state.commits == last_commits else 1
             last_commits = state.commits
@@ -80,6 +83,19 @@ def run(train: Callable[..., T]) -> Callable[..., T]:
                 state.recovering_since(began)
 
     return wrapper
+
+
+def _first_sync(state: State) -> str:
+    """The job's first `State.sync` on this rank; '' when done, else why a peer was lost
+    meanwhile (the rank rolls back and joins the next round, as after any lost peer)."""
+    try:
+        _sync(state)
+    except Exception as exc:
+        if not is_peer_failure(exc):
+            raise
+        state.restore()
+        return describe(exc)
+    return ""
 
 
 def _sync(state: State) -> int:

@@ -4,8 +4,9 @@ new round its launcher published (`longboat.elastic.membership`)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch.distributed as dist
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 _log = get_logger("longboat.elastic")
 _POLL_S = 0.05
+T = TypeVar("T")
 
 
 class MembershipChanged(Exception):
@@ -129,6 +131,34 @@ def regroup(reason: str, lost_peer: bool, strategy: Strategy | None = None) -> M
             _leave(close_connections=True)
             old_token, lost_peer, reason = membership.token, True, describe(exc)
     raise ElasticError(f"no round formed within {_launch_timeout():.0f} s; last: {reason}")
+
+
+def join(start: Callable[[], T]) -> T:
+    """Form this rank's first process group of an elastic job: ``start()`` (``lb.init``'s
+    group start, in the round its launcher published last). An attempt that fails because the
+    launchers published a newer round meanwhile (a member died or restarted while it formed)
+    is made again in the newer round, within the launch timeout."""
+    directory = require_elastic_dir()
+    give_up = time.monotonic() + _launch_timeout()
+    while True:
+        current = read_membership(directory)
+        token = current.token if current is not None else ""
+        _restart_group_names()
+        with abandoned_when_replaced(directory, token) as watch:
+            try:
+                return start()
+            except Exception as exc:
+                published = read_membership(directory)
+                newer = watch.newer or (published.token if published is not None else token)
+                retry = isinstance(exc, ClusterError) or is_peer_failure(exc)
+                if not retry or newer == token or time.monotonic() > give_up:
+                    raise
+                _log.warning(
+                    "round %s was replaced while this rank joined it (%s); joining round %s",
+                    token,
+                    describe(exc),
+                    newer,
+                )
 
 
 def _restart_group_names() -> None:
