@@ -59,7 +59,7 @@ def distribute_fully_sharded(
         plan, dist.get_world_size(), cluster.local_world_size(), cluster.num_nodes()
     )
     apply_recompute(model, plan.recompute)  # inside a unit: its forward recomputed in backward
-    units = _units(model, plan)
+    units = plan_units(model, plan)
     names = {id(p): n for n, p in model.named_parameters()}
     shard(model, units, policy, device_type)
     replaced = {pid: model.get_parameter(name) for pid, name in names.items()}
@@ -81,7 +81,9 @@ def distribute_fully_sharded(
     return wrapped, StagedOptimizer(optimizer, stages)
 
 
-def _units(model: nn.Module, plan: CollectivePlan) -> list[Unit]:
+def plan_units(model: nn.Module, plan: CollectivePlan) -> list[Unit]:
+    """The units ``lb.distribute`` shards ``model`` into under ``plan`` (innermost first; the
+    rest is the root's): ``sharding_configs['units']``, else the plan's grouping."""
     assert plan.sharding is not None
     if plan.sharding.units:
         return named_units(model, plan.sharding.units)

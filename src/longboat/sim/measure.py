@@ -24,6 +24,7 @@ from torch.utils.hooks import RemovableHandle
 
 from longboat.collective.buckets import layer_of
 from longboat.sim.profile import Param, Profile
+from longboat.sim.stage3_units import module_tree
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -115,6 +116,7 @@ def measure(
         amp=amp,
         host=_host(clock, dev),
         device=dev.type,
+        modules=module_tree(model),
     )
 
 

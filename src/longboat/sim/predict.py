@@ -9,7 +9,8 @@ reducer gives it (`longboat.collective.buckets.assign_communicators`) and costed
 overlaps it with the rest of backward. The step is
 ``forward + max(backward, last collective) + optimizer``. Gradient merge runs k-1 micro-steps
 without communication; local SGD averages all parameters (not overlapped) every k steps.
-Parameter-server mode is `longboat.sim.ps`.
+Sharding stages 1 and 2 are `longboat.sim.sharding`, stage 3 (FSDP2) `longboat.sim.stage3`,
+parameter-server mode `longboat.sim.ps`.
 
 What else a synchronous step loses on GPUs (each 0 unless the cluster sets or implies it):
 
@@ -317,6 +318,10 @@ def simulate(profile: Profile, cluster: Cluster, strategy: Strategy | None = Non
         raise cost.CostError("allreduce_algorithm='shm' works on one node only")
     if plan.local_sgd is not None:
         return _local_sgd_step(prof, cluster, algorithm, int(plan.local_sgd.k_steps))
+    if plan.sharding is not None and plan.sharding.stage == 3 and cluster.world > 1:
+        from longboat.sim.stage3 import simulate_stage3
+
+        return simulate_stage3(prof, cluster, plan, notes)
     merge = plan.k_steps
     shard = sharded(plan.sharding, prof, cluster)
     buckets = plan_buckets(

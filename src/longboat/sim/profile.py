@@ -58,6 +58,11 @@ class Profile:
     amp: bool = False
     host: str = ""
     device: str = "cpu"  # where it was measured: cpu or cuda
+    #: every submodule by name (``named_modules`` order): its class name, the class's Python
+    #: module, the container it derives from ("Sequential", "ModuleList", "ModuleDict" or "")
+    #: and whether the class has a forward of its own; sharding stage 3's units are planned
+    #: on this tree (`longboat.sim.stage3_units`); empty in profiles measured before
+    modules: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def compute_s(self) -> float:
@@ -97,6 +102,7 @@ class Profile:
             self.amp,
             self.host,
             self.device,
+            self.modules,
         )
 
     def with_batch(self, batch: int) -> Profile:
@@ -153,6 +159,7 @@ def from_dict(data: dict[str, Any], where: str = "profile") -> Profile:
             amp=bool(data.get("amp", False)),
             host=str(data.get("host", "")),
             device=str(data.get("device", "cpu")),
+            modules={str(k): list(v) for k, v in data.get("modules", {}).items()},
         )
     except KeyError as exc:
         raise ProfileError(f"{where}: missing key {exc.args[0]!r}") from None

@@ -6,8 +6,9 @@ half-precision casts)}; with ``lossy=True`` also the lossy compressors and local
 the training dynamics, so they are only proposed when asked); with ``exact=True`` no
 compression at all (a cast rounds every gradient, so only the settings that send the gradients
 as they are remain: the training result is that of the default Strategy up to summation order);
-parameter servers (sync) when the cluster has a ``ps`` section. Each candidate is a real
-Strategy (conflicts refused as in training).
+parameter servers (sync) when the cluster has a ``ps`` section; sharding stages 1 and 2, and
+stage 3 (parameters split too, FSDP2) only where nothing else fits the devices' memory. Each
+candidate is a real Strategy (conflicts refused as in training).
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ def candidates(cluster: Cluster, lossy: bool = False, exact: bool = False) -> li
     return out
 
 
+def stage3_candidates(exact: bool = False) -> list[dict[str, Any]]:
+    """Sharding stage 3 (FSDP2) at each bucket cap (the cap chooses its units), and unless
+    ``exact`` with each half-precision reduce dtype: tried only when nothing else fits."""
+    reduce: list[dict[str, Any]] = [{}] if exact else [{}, *compressor_fields(lossy=False)]
+    return [
+        {"sharding": True, "sharding_configs": {"stage": 3}, "fuse_grad_size_in_MB": float(cap)}
+        | comp
+        for cap, comp in itertools.product(CAPS_MB, reduce)
+    ]
+
+
 def compressor_fields(lossy: bool) -> list[dict[str, Any]]:
     """The Strategy fields selecting each registered compressor that declares a cost, other
     than the default Strategy's, whose ``lossy`` trait is ``lossy``, by name (one priced as
@@ -104,18 +116,24 @@ def recommend(
         "fuse_grad_size_in_MB": default.bucket_mb,
         "nccl_comm_num": default.communicators,
     }
-    choices = []
-    fields_list = candidates(cluster, lossy, exact)
-    with progress("sim recommend", len(fields_list), show) as done:
-        for fields in fields_list:
-            done()
-            try:
-                strategy = Strategy(**fields)
-                strategy.check()  # conflicts are checked at use, not on construction
-            except (StrategyError, NotImplementedError):
-                continue
-            changed = {k: v for k, v in fields.items() if k not in defaults or defaults[k] != v}
-            choices.append(Choice(changed, simulate(profile, cluster, strategy)))
+
+    def priced(fields_list: list[dict[str, Any]], label: str) -> list[Choice]:
+        out = []
+        with progress(label, len(fields_list), show) as done:
+            for fields in fields_list:
+                done()
+                try:
+                    strategy = Strategy(**fields)
+                    strategy.check()  # conflicts are checked at use, not on construction
+                except (StrategyError, NotImplementedError):
+                    continue
+                changed = {k: v for k, v in fields.items() if k not in defaults or defaults[k] != v}
+                out.append(Choice(changed, simulate(profile, cluster, strategy)))
+        return out
+
+    choices = priced(candidates(cluster, lossy, exact), "sim recommend")
+    if not fit(choices, cluster) and cluster.world > 1:  # only then split the parameters too
+        choices += priced(stage3_candidates(exact), "sim recommend stage 3")
     choices = fitting(choices, cluster)
     if not choices:
         return []
@@ -167,22 +185,28 @@ def verdict(choices: list[Choice], profile: Profile, cluster: Cluster) -> str:
     )
 
 
-def fitting(choices: list[Choice], cluster: Cluster) -> list[Choice]:
-    """The choices whose model state (parameters, gradients, optimizer state) takes at most
-    `FIT` of a GPU's memory; all of them where the device's memory is unknown. ValueError when
-    none fits, naming what the leanest one needs."""
+def fit(choices: list[Choice], cluster: Cluster) -> list[Choice]:
+    """The choices whose model state (parameters, gradients, optimizer state, and at stage 3
+    the units gathered) takes at most `FIT` of a GPU's memory; all of them where the device's
+    memory is unknown."""
     capacity = cluster.spec.memory if cluster.is_gpu else 0.0
-    if not capacity or not choices:
+    if not capacity:
         return choices
-    held = {id(c): sum(c.prediction.memory.values()) for c in choices}
-    kept = [c for c in choices if held[id(c)] <= FIT * capacity]
-    if not kept:
-        least = min(held.values())
+    return [c for c in choices if sum(c.prediction.memory.values()) <= FIT * capacity]
+
+
+def fitting(choices: list[Choice], cluster: Cluster) -> list[Choice]:
+    """`fit`'s choices; ValueError when none fits, naming what the leanest one needs."""
+    kept = fit(choices, cluster)
+    if choices and not kept:
+        capacity = cluster.spec.memory
+        least = min(sum(c.prediction.memory.values()) for c in choices)
         raise ValueError(
             f"no Strategy tried fits: the leanest needs {least / 1e9:.1f} GB of model state per "
             f"rank (parameters, gradients, Adam's state; activations come on top), over "
             f"{FIT:.0%} of the {capacity / 1e9:.0f} GB of a {cluster.spec.name}; use more "
-            "devices (sharding splits the state over them), larger devices, or FSDP"
+            "devices (sharding splits the state over them), larger devices, or sharding stage "
+            "3 with sharding_configs['offload'] (the shards in host memory)"
         )
     return kept
 

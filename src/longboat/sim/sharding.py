@@ -4,7 +4,8 @@ Stage 1 keeps the gradient allreduce, runs the optimizer on 1/d of the elements 
 all-gathers the updated parameters bucket by bucket, overlapped with the next forward: a
 bucket's layers wait for its gather (`Sharded.exposed_gather`). Stage 2 also replaces each
 bucket's allreduce by a reduce-scatter, half an allreduce's steps and bytes, during backward
-as before. ``d`` is the shard group's size (``sharding_degree``, 0: every rank).
+as before. ``d`` is the shard group's size (``sharding_degree``, 0: every rank). Stage 3
+(FSDP2) is priced apart: `longboat.sim.stage3`.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def sharded(plan: ShardingPlan | None, profile: Profile, cluster: Cluster) -> Sh
     """What ``plan`` changes on ``cluster`` (None: no sharding, or a single rank)."""
     if plan is None or cluster.world <= 1:
         return None
+    if plan.stage not in (1, 2):
+        raise ValueError(f"sharding stage {plan.stage} is priced by longboat.sim.stage3")
     degree = plan.degree_in(cluster.world, 0)
     group = cluster if degree == cluster.world else cluster.with_devices(degree)
     param_bytes = sum(p.nbytes for p in profile.params)
