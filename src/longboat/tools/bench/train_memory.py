@@ -1,9 +1,11 @@
-"""What each `longboat bench train` system holds per rank: optimizer state and gradients.
+"""What each `longboat bench train` system holds per rank: optimizer state, gradients and
+parameters.
 
 By tensor storage (`longboat.collective.sharding.memory`), the same on CPU and GPU: longboat's
 through ``memory_report`` (bucket buffers, reduced slices, ``.grad``); DDP's as ``.grad`` plus
 its reducer's buckets when they are not the ``.grad`` storage (``gradient_as_bucket_view`` off:
-DDP holds both); ``ZeroRedundancyOptimizer``'s state is its local optimizer's. On a GPU the
+DDP holds both); ``ZeroRedundancyOptimizer``'s state is its local optimizer's; FSDP2's
+(longboat's stage 3 and by hand) by local shard (`train_fsdp`). On a GPU the
 bench adds ``torch.cuda`` counters around each system's build and warm-up (`DeviceMemory`).
 """
 
@@ -16,7 +18,13 @@ import torch.distributed as dist
 from torch import nn
 
 MB = 1024 * 1024
-FIELDS = ("optimizer_state_mb", "gradient_mb", "device_allocated_mb", "device_peak_mb")
+FIELDS = (
+    "optimizer_state_mb",
+    "gradient_mb",
+    "parameter_mb",
+    "device_allocated_mb",
+    "device_peak_mb",
+)
 """A system's memory columns: tensor accounting, then the GPU's counters (None on a CPU)."""
 
 
@@ -34,20 +42,25 @@ def _ddp_bucket_bytes(model: nn.parallel.DistributedDataParallel) -> int:
     return sum(int(s) for s in sizes.split(",") if s.strip())
 
 
-def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
-    """(optimizer state bytes, gradient bytes) this rank holds for one system."""
+def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int, int]:
+    """(optimizer state, gradient, parameter bytes) this rank holds for one system; a
+    sharded (FSDP2) parameter by its local shard."""
     from longboat.collective.model import DistributedModel
     from longboat.collective.sharding.memory import memory_report, storage_bytes
+    from longboat.tools.bench.train_fsdp import fully_sharded_held, is_fully_sharded
 
     inner = getattr(model, "_orig_mod", model)  # under torch.compile
     if isinstance(inner, DistributedModel):
         report = memory_report(inner, optimizer)
-        return report.optimizer_state_bytes, report.gradient_bytes
+        return report.optimizer_state_bytes, report.gradient_bytes, report.parameter_bytes
+    if is_fully_sharded(inner):
+        state_t, grads_t, params_t = fully_sharded_held(inner, optimizer)
+        return storage_bytes(state_t), storage_bytes(grads_t), storage_bytes(params_t)
     state = storage_bytes(_state_tensors(optimizer))
     grads = storage_bytes([p.grad for p in inner.parameters() if p.grad is not None])
     if isinstance(inner, nn.parallel.DistributedDataParallel):
         grads += _ddp_bucket_bytes(inner)
-    return state, grads
+    return state, grads, storage_bytes(list(inner.parameters()))
 
 
 @dataclass

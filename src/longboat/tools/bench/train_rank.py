@@ -1,7 +1,8 @@
 """One rank of `longboat bench train`: longboat, DDP (default and lean) and the no-sync floor
 built side by side, warmed up, then timed in alternating rounds. With sharding in the Strategy,
-the same Strategy without sharding and DDP with torch's ``ZeroRedundancyOptimizer`` join them,
-and every system's memory per rank is taken after its warm-up (`train_memory`)."""
+the same Strategy without sharding and DDP with torch's ``ZeroRedundancyOptimizer`` join them
+(at stage 3, torch's FSDP2 applied by hand to the same units in its place: `train_fsdp`), and
+every system's memory per rank is taken after its warm-up (`train_memory`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from longboat.tools.bench.train_fsdp import FSDP_BY_HAND, fully_shard_by_hand, stage3
 from longboat.tools.bench.train_memory import DeviceMemory, held_bytes, max_over_ranks
 from longboat.tools.bench.train_models import MODELS, ModelSpec, SyntheticDataset
 
@@ -210,12 +212,20 @@ def rank_main(config: Config) -> dict[str, Any] | None:
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **hparams)
         return baseline(nn.parallel.DistributedDataParallel(model, device_ids=ids), opt)
 
+    def fsdp_by_hand() -> System:
+        model = spec.build().to(device, memory_format=_layout(spec, device))
+        fully_shard_by_hand(model, config.strategy, device)
+        cls, hparams = OPTIMIZER
+        return System(model, cls(model.parameters(), **hparams))
+
     builders: dict[str, Callable[[], System]] = {"longboat": lambda: longboat(config.strategy)}
     if sharded(config.strategy):
         builders[UNSHARDED] = lambda: longboat(_unsharded(config.strategy))
     builders["ddp"] = ddp
     builders[DDP_LEAN] = lambda: ddp(lean=True)
-    if sharded(config.strategy):
+    if stage3(config.strategy):
+        builders[FSDP_BY_HAND] = fsdp_by_hand
+    elif sharded(config.strategy):
         builders[DDP_ZERO] = ddp_zero
     # the compute floor: the same steps with no gradient exchange, which no allreduce beats
     builders[NO_SYNC] = lambda: baseline(*_build(spec, device))

@@ -1,7 +1,8 @@
 """`longboat bench train`'s results: rows per system and rank count (samples/s, speedup,
 efficiency, input-boundness, paired step-time ratios), as a table, Markdown or a plot; with
 sharding on, a second table sets sharded longboat against unsharded longboat, DDP and DDP with
-``ZeroRedundancyOptimizer``, with each one's memory per rank."""
+``ZeroRedundancyOptimizer`` (at stage 3: torch's FSDP2 applied by hand), with each one's memory
+per rank."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from longboat.tools.bench.train_fsdp import FSDP_BY_HAND
 from longboat.tools.bench.train_memory import FIELDS
 from longboat.tools.bench.train_rank import DDP_LEAN, DDP_ZERO, NO_SYNC, UNSHARDED
 
 INPUT_BOUND_FRACTION = 0.1
-ROWS = ("longboat", UNSHARDED, "ddp", DDP_ZERO)
+ROWS = ("longboat", UNSHARDED, "ddp", DDP_ZERO, FSDP_BY_HAND)
 """The systems that get a row, in this order, where the run has them."""
 
 
@@ -100,12 +102,15 @@ def _label(model: str, rows: Sequence[dict[str, Any]]) -> str:
 #: the terminal table's ratio columns and what each one divides (step times, paired by round)
 RATIO_COLUMNS = (
     ("lb/DDP", "longboat_over_ddp", "longboat over DDP"),
-    ("lb/lean", "longboat_over_ddp_lean", "longboat over lean DDP (no buffer broadcast, bucket views)"),
+    (
+        "lb/lean",
+        "longboat_over_ddp_lean",
+        "longboat over lean DDP (no buffer broadcast, bucket views)",
+    ),
     ("nosync/DDP", "no_sync_over_ddp", "no gradient exchange over DDP (the floor)"),
 )
-LEGEND = (
-    "step-time ratios, paired round by round (below 1: the first is faster): "
-    + "; ".join(f"{head} = {what}" for head, _, what in RATIO_COLUMNS)
+LEGEND = "step-time ratios, paired round by round (below 1: the first is faster): " + "; ".join(
+    f"{head} = {what}" for head, _, what in RATIO_COLUMNS
 )
 
 
@@ -194,7 +199,7 @@ def sharding_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list
         return None
     gpu = any(r.get("device_allocated_mb") is not None for r in mine)
     head = ["system", "ranks", "step ms", "p25-p75", "sharded longboat / system", "p25-p75"]
-    head += ["optimizer state MB", "gradients MB"]
+    head += ["optimizer state MB", "gradients MB", "parameters MB"]
     head += ["allocated MB", "peak MB"] if gpu else []
     stage = mine[0]["sharding"].get("stage", 1)
     cells = []
@@ -204,7 +209,7 @@ def sharding_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list
         q1, q3 = r["longboat_over_this_p25_p75"]
         row = [system, str(r["nproc"]), f"{r['step_ms']:.2f}", f"{low:.2f}-{high:.2f}"]
         row += [f"{r['longboat_over_this']:.3f}", f"{q1:.3f}-{q3:.3f}"]
-        columns = ("optimizer_state_mb", "gradient_mb")
+        columns = ("optimizer_state_mb", "gradient_mb", "parameter_mb")
         columns += ("device_allocated_mb", "device_peak_mb") if gpu else ()
         row += [_ratio(r.get(c), "{:.2f}") for c in columns]
         cells.append(row)
