@@ -28,7 +28,8 @@ def test_a_wait_of_the_forming_round_ends_when_a_newer_round_is_published(
     write_membership(tmp_path, _round("old"))
     with socket.create_server(("127.0.0.1", 0)) as server:
         got: list[bytes] = []
-        with abandoned_when_replaced(tmp_path, "old") as watch:
+        store = f"127.0.0.1:{server.getsockname()[1]}"
+        with abandoned_when_replaced(tmp_path, "old", store) as watch:
             client = socket.create_connection(server.getsockname())  # opened while forming
             peer, _ = server.accept()
             reader = threading.Thread(target=lambda: got.append(client.recv(16)), daemon=True)
@@ -42,12 +43,34 @@ def test_a_wait_of_the_forming_round_ends_when_a_newer_round_is_published(
         peer.close()
 
 
+def test_connections_to_peers_are_left_alone(tmp_path: Path) -> None:
+    write_membership(tmp_path, _round("old"))
+    with (
+        socket.create_server(("127.0.0.1", 0)) as peer_server,
+        socket.create_server(("127.0.0.1", 0)) as store_server,
+    ):
+        store = f"127.0.0.1:{store_server.getsockname()[1]}"
+        with abandoned_when_replaced(tmp_path, "old", store) as watch:
+            client = socket.create_connection(peer_server.getsockname())
+            peer, _ = peer_server.accept()
+            write_membership(tmp_path, _round("new"))
+            deadline = time.monotonic() + 10
+            while not watch.newer and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)
+        peer.sendall(b"ok")
+        assert watch.newer == "new" and client.recv(16) == b"ok"
+        client.close()
+        peer.close()
+
+
 def test_connections_open_before_forming_are_left_alone(tmp_path: Path) -> None:
     write_membership(tmp_path, _round("old"))
     with socket.create_server(("127.0.0.1", 0)) as server:
         client = socket.create_connection(server.getsockname())
         peer, _ = server.accept()
-        with abandoned_when_replaced(tmp_path, "old") as watch:
+        store = f"127.0.0.1:{server.getsockname()[1]}"
+        with abandoned_when_replaced(tmp_path, "old", store) as watch:
             write_membership(tmp_path, _round("new"))
             deadline = time.monotonic() + 10
             while not watch.newer and time.monotonic() < deadline:

@@ -7,11 +7,11 @@ random commit and delay. Whatever the fault, the run must end with every live la
 successful, every sample used once, parameters equal to a one-process replay of the committed
 batches, no rank training from scratch and no committed step trained again.
 
-CI runs ``LONGBOAT_FAULT_TRIALS`` trials (default 4, one of each kind) from ``LONGBOAT_FAULT_SEED`` (default
-0); run more by hand, e.g. ``LONGBOAT_FAULT_TRIALS=20 python -m pytest -m slow
+CI runs ``FAULT_TRIALS`` trials (default 4, one of each kind) from ``FAULT_SEED`` (default
+0); run more by hand, e.g. ``FAULT_TRIALS=20 python -m pytest -m slow
 tests/elastic/test_random_faults.py -s`` (``-s`` prints one line per trial: kind, fault,
-recovery time). A failing trial names its seed: ``LONGBOAT_FAULT_SEED=<seed>
-LONGBOAT_FAULT_TRIALS=1`` replays it.
+recovery time). A failing trial names its seed: ``FAULT_SEED=<seed>
+FAULT_TRIALS=1`` replays it.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ pytestmark = pytest.mark.slow  # slow tier: launchers on this machine, ranks and
 
 NODES = 3
 SAMPLES = 384  # 32 steps on 3 nodes: every fault lands while the job still runs
-TRIALS = int(os.environ.get("LONGBOAT_FAULT_TRIALS", "4"))
-FIRST_SEED = int(os.environ.get("LONGBOAT_FAULT_SEED", "0"))
+TRIALS = int(os.environ.get("FAULT_TRIALS", "4"))
+FIRST_SEED = int(os.environ.get("FAULT_SEED", "0"))
 KINDS = ("every rank", "two ranks within 2 s", "one rank", "one node")
 
 

@@ -123,7 +123,12 @@ def sockets_to(
 
 def store_endpoint(membership: Membership) -> tuple[str | None, int]:
     """The rendezvous store's (IP address, port) of ``membership``."""
-    host, _, port = membership.store.rpartition(":")
+    return endpoint(membership.store)
+
+
+def endpoint(address: str) -> tuple[str | None, int]:
+    """``HOST:PORT`` as (IP address, port), as /proc/net/tcp shows a peer."""
+    host, _, port = address.rpartition(":")
     return _resolve(host.strip("[]")), int(port)
 
 

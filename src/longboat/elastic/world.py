@@ -3,6 +3,7 @@ new round its launcher published (`longboat.elastic.membership`)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,29 +103,56 @@ def regroup(reason: str, lost_peer: bool, strategy: Strategy | None = None) -> M
     ``lost_peer``: this rank saw a peer fail, so it asks its launcher for a new round unless
     one was already published. Waits are bounded by the launch timeout.
     """
-    directory = require_elastic_dir()
+    global _survivor
     old = joined_round()
-    old_token = old.token if old is not None else ""
-    local_rank = cluster.local_rank()
     _leave(close_connections=lost_peer)
+    _survivor = True  # joins the round with its state
+    start = functools.partial(cluster.init, strategy)  # with the startup lb.init handed down
+    return _form(start, old.token if old is not None else "", lost_peer, reason)[0]
+
+
+def join(start: Callable[[], T]) -> T:
+    """Form this rank's first process group of an elastic job: ``start()`` (``lb.init``'s
+    group start) in the round its launcher published last. When that fails because a member
+    died or restarted meanwhile, the rank asks for the next round and forms its group there,
+    as a survivor does, within the launch timeout."""
+    current = read_membership(require_elastic_dir())
+    if current is None:
+        return start()  # it says why: no round was published yet
+    return _form(start, "", lost_peer=False, reason="", first=current)[1]
+
+
+def _form(
+    start: Callable[[], T],
+    old_token: str,
+    lost_peer: bool,
+    reason: str,
+    first: Membership | None = None,
+) -> tuple[Membership, T]:
+    """Form the process group (``start()``) in ``first``, else in the next round after
+    ``old_token``; a round that does not form (a member died, hung or moved on meanwhile) is
+    left for the one after. Bounded by the launch timeout; each attempt by the failure timeout,
+    and abandoned at once when a newer round is published."""
+    directory = require_elastic_dir()
+    local_rank = cluster.local_rank()
     give_up = time.monotonic() + _launch_timeout()
     while time.monotonic() < give_up:
-        published = read_membership(directory)
-        if lost_peer and (published is None or published.token == old_token):
-            request_regroup(directory, local_rank, old_token, reason)
-        membership = _wait_for_round(directory, old_token)
-        write_ack(directory, local_rank, membership.token)  # alive and following: not hung
-        global _survivor
-        _survivor = True  # joins the round with its state
+        if first is not None:
+            membership, first = first, None
+        else:
+            published = read_membership(directory)
+            if lost_peer and (published is None or published.token == old_token):
+                request_regroup(directory, local_rank, old_token, reason)
+            membership = _wait_for_round(directory, old_token)
+            write_ack(directory, local_rank, membership.token)  # alive and following: not hung
         try:
             _restart_group_names()
-            with abandoned_when_replaced(directory, membership.token):
-                cluster.init(strategy)  # with the startup lb.init handed down first
-            return membership
+            with abandoned_when_replaced(directory, membership.token, membership.store):
+                return membership, start()
         except Exception as exc:
-            if not (isinstance(exc, ClusterError) or is_peer_failure(exc)):
+            if not _did_not_form(exc):
                 raise
-            # a member died or hung meanwhile
+            # a member died, hung or restarted meanwhile
             _log.warning(
                 "round %s did not form (%s); asking for another", membership.token, describe(exc)
             )
@@ -133,32 +161,11 @@ def regroup(reason: str, lost_peer: bool, strategy: Strategy | None = None) -> M
     raise ElasticError(f"no round formed within {_launch_timeout():.0f} s; last: {reason}")
 
 
-def join(start: Callable[[], T]) -> T:
-    """Form this rank's first process group of an elastic job: ``start()`` (``lb.init``'s
-    group start, in the round its launcher published last). An attempt that fails because the
-    launchers published a newer round meanwhile (a member died or restarted while it formed)
-    is made again in the newer round, within the launch timeout."""
-    directory = require_elastic_dir()
-    give_up = time.monotonic() + _launch_timeout()
-    while True:
-        current = read_membership(directory)
-        token = current.token if current is not None else ""
-        _restart_group_names()
-        with abandoned_when_replaced(directory, token) as watch:
-            try:
-                return start()
-            except Exception as exc:
-                published = read_membership(directory)
-                newer = watch.newer or (published.token if published is not None else token)
-                retry = isinstance(exc, ClusterError) or is_peer_failure(exc)
-                if not retry or newer == token or time.monotonic() > give_up:
-                    raise
-                _log.warning(
-                    "round %s was replaced while this rank joined it (%s); joining round %s",
-                    token,
-                    describe(exc),
-                    newer,
-                )
+def _did_not_form(exc: BaseException) -> bool:
+    """Did the group fail to form for want of a member (a lost peer, a store or connection
+    wait that timed out), rather than from a setting that another round cannot change?"""
+    caused = isinstance(exc, ClusterError) and exc.__cause__ is not None
+    return caused or is_peer_failure(exc)
 
 
 def _restart_group_names() -> None:
