@@ -117,6 +117,14 @@ def test_describe_names_counts_and_cap():
     )
 
 
+def test_describe_keeps_the_cap_as_written_and_counts_in_number():
+    plan = plan_buckets(_specs([10]), cap_mb=0.02, max_layers=1)
+    assert plan.describe(1, "reduce-scatter") == (
+        "fused 1 gradient tensor into 1 reduce-scatter bucket (0.02 MB cap, at most 1 layer "
+        "per bucket)"
+    )
+
+
 def test_layer_of():
     assert layer_of("encoder.0.fc.weight") == "encoder.0.fc"
     assert layer_of("scale") == ""

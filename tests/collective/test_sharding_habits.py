@@ -2,10 +2,14 @@
 ``AveragedModel(model.module)``, weight norms and ``parameters_to_vector`` over
 ``model.module.parameters()`` after every step. At stage 1 and 2 with the defaults (and through
 the module object and the optimizer's param groups too), and with ``comm_overlap`` on through
-``model.module``, every read equals one process on the global batch. One spawn."""
+``model.module``, every read equals one process on the global batch; the bucket line names the
+reduce-scatter at stage 2. One spawn."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -65,6 +69,19 @@ def reference() -> list[dict[str, torch.Tensor]]:
     return out
 
 
+@contextlib.contextmanager
+def _logged(name: str) -> Iterator[list[str]]:
+    """The messages logger ``name`` emits inside the block."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger(name).addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logging.getLogger(name).removeHandler(handler)
+
+
 def _train(rank: int, configs: dict[str, Any]) -> dict[str, Any]:
     import longboat as lb
 
@@ -72,11 +89,12 @@ def _train(rank: int, configs: dict[str, Any]) -> dict[str, Any]:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     strategy = lb.Strategy(fuse_grad_size_in_MB=0.001)  # several buckets, parameters cut
     strategy.sharding, strategy.sharding_configs = True, configs
-    dmodel, dopt = lb.distribute(model, optimizer, strategy)
+    with _logged("longboat.collective") as lines:
+        dmodel, dopt = lb.distribute(model, optimizer, strategy)
     ema = AveragedModel(dmodel.module)
     x, y = _data()
     half = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-    out: dict[str, list] = {"module": [], "own object": [], "param groups": []}
+    out: dict[str, list] = {"module": [], "own object": [], "param groups": [], "log": lines}
     for i in range(STEPS):
         dopt.zero_grad()
         F.cross_entropy(dmodel(x[i][half]), y[i][half]).backward()
@@ -124,3 +142,12 @@ def test_at_the_defaults_the_module_object_and_param_groups_are_whole_after_the_
         for key in ("own object", "param groups"):
             for got, want in zip(r[run][key], expected, strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("run", "collective"), [("stage1", "allreduce"), ("stage2", "reduce-scatter")]
+)
+def test_the_bucket_line_names_the_collective_and_the_cap_as_written(runs, run, collective):
+    """Stage 2 reduce-scatters its buckets, and the cap reads as the Strategy gave it."""
+    (line,) = [m for m in runs[0][run]["log"] if "gradient tensors" in m]
+    assert f" {collective} bucket" in line and "(0.001 MB cap, " in line, line

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from longboat.comm.algorithms import AllreduceFn, Handle
+from longboat.words import plural
 
 MB = 1024 * 1024
 
@@ -42,17 +43,23 @@ class BucketPlan:
     cap_bytes: int
     max_layers: int
     fused: bool
+    cap_mb: float | None = None
+    """The cap as the user gave it, in MB (``cap_bytes`` is it rounded down to bytes); None:
+    ``cap_bytes`` in MB."""
 
     def __len__(self) -> int:
         return len(self.buckets)
 
-    def describe(self, num_grads: int) -> str:
+    def describe(self, num_grads: int, collective: str = "allreduce") -> str:
+        """One line for the log: ``num_grads`` gradients in these buckets, each reduced by
+        ``collective`` (`BucketCollective.name`)."""
+        grads = plural(num_grads, "gradient tensor")
+        buckets = plural(len(self), f"{collective} bucket")
         if not self.fused:
-            return f"fusion off: {num_grads} gradient tensors in {len(self)} allreduce buckets"
-        return (
-            f"fused {num_grads} gradient tensors into {len(self)} allreduce buckets "
-            f"({self.cap_bytes / MB:g} MB cap, at most {self.max_layers} layers per bucket)"
-        )
+            return f"fusion off: {grads} in {buckets}"
+        cap = self.cap_mb if self.cap_mb is not None else self.cap_bytes / MB
+        layers = plural(self.max_layers, "layer")
+        return f"fused {grads} into {buckets} ({cap:g} MB cap, at most {layers} per bucket)"
 
 
 def layer_of(param_name: str) -> str:
@@ -83,16 +90,17 @@ def plan_buckets(
     ordered = list(reversed(specs))
     if not fuse:
         buckets = tuple((s.index,) for s in ordered)
-        return BucketPlan(buckets, cap, max_layers, fused=False)
+        return BucketPlan(buckets, cap, max_layers, fused=False, cap_mb=cap_mb)
     last_cap = max(1, int(last_cap_mb * MB))
     tail = _take_tail(specs, last_cap)
     head = ordered[: len(ordered) - len(tail)]
     if sum(s.nbytes for s in head) < last_cap:
         # a tiny model: the rest is smaller than the last group itself, so there is nothing
         # worth overlapping, and a second latency-bound collective would only cost time
-        return BucketPlan(tuple(_greedy(ordered, cap, max_layers)), cap, max_layers, fused=True)
+        packed = tuple(_greedy(ordered, cap, max_layers))
+        return BucketPlan(packed, cap, max_layers, fused=True, cap_mb=cap_mb)
     buckets = _greedy(head, cap, max_layers) + _greedy(list(reversed(tail)), cap, max_layers)
-    return BucketPlan(tuple(buckets), cap, max_layers, fused=True)
+    return BucketPlan(tuple(buckets), cap, max_layers, fused=True, cap_mb=cap_mb)
 
 
 def _take_tail(specs: list[GradSpec], last_cap: int) -> list[GradSpec]:
@@ -192,6 +200,9 @@ class BucketCollective(Protocol):
     """What reducing one packed bucket is: `Allreduce`, or sharding stage 2's reduce-scatter
     into this rank's slice (`longboat.collective.sharding.scatter.SliceScatter`)."""
 
+    name: str
+    """What the log calls it: ``allreduce``, ``reduce-scatter``."""
+
     keeps_buffers: bool
     """True: the result is the bucket buffer itself, kept between backwards, and ``.grad``
     views it after backward. False: the result lands elsewhere: each pack takes a fresh
@@ -224,6 +235,7 @@ class BucketCollective(Protocol):
 class Allreduce:
     """Each bucket is allreduced in place on its communicator (``fns[comm]``)."""
 
+    name = "allreduce"
     keeps_buffers = True
     bytes_sent = 0  # counted by the allreduce functions (the compressors)
 

@@ -16,7 +16,14 @@ import longboat.cluster as cluster
 from longboat.cluster.backends import runs_on_device
 from longboat.collective.amp import Amp
 from longboat.collective.autotune import AutoTuner, Builder, make_tuner
-from longboat.collective.buckets import BucketPlan, GradSpec, layer_of, plan_buckets
+from longboat.collective.buckets import (
+    Allreduce,
+    BucketCollective,
+    BucketPlan,
+    GradSpec,
+    layer_of,
+    plan_buckets,
+)
 from longboat.collective.compile import keep_overlap
 from longboat.collective.consistency import (
     broadcast_state,
@@ -62,6 +69,7 @@ from longboat.registry import COMPRESSORS
 from longboat.strategy import Strategy
 from longboat.trace import attach
 from longboat.trace.stall import waiting, watch_collectives
+from longboat.words import plural
 
 log = get_logger("longboat.collective")
 
@@ -361,11 +369,9 @@ def build_reducer(
     if communicators is None:
         communicators = build_comm(plan.comm).pair
     comms, fns = communicators
+    explicit = buckets is not None
     if buckets is None:
         buckets = sharding.buckets if sharding is not None else bucket_plan(named_params, plan)
-        described = buckets.describe(len(named_params))
-    else:
-        described = f"{len(named_params)} gradient tensors in {len(buckets)} explicit buckets"
     # pre-divided buckets: half precision cannot overflow the sum
     config = _compressor_config(plan, optimizer)
     name = plan.compression.name
@@ -377,12 +383,22 @@ def build_reducer(
         fns = [SerialAllreduce(fn) for fn in fns]
         if flag_fns is not None:  # the flags join the same chain: one order on every rank
             flag_fns = [functools.partial(s, fn=f) for s, f in zip(fns, flag_fns, strict=True)]
+    scatter = sharding.scatter if sharding is not None else None
+    collective: BucketCollective = scatter if scatter is not None else Allreduce(fns)
     if cluster.rank() == 0:
+        described = (
+            f"{plural(len(named_params), 'gradient tensor')} in "
+            f"{plural(len(buckets), f'explicit {collective.name} bucket')}"
+            if explicit
+            else buckets.describe(len(named_params), collective.name)
+        )
         log.info(
-            "%s over %d communicator(s)%s",
+            "%s over %s%s",
             described,
-            len(fns),
-            ", one allreduce in flight per communicator" if plan.comm.serial else "",
+            plural(len(fns), "communicator"),
+            ", one allreduce in flight per communicator"
+            if plan.comm.serial and scatter is None
+            else "",
         )
     reducer = Reducer(
         named_params,
@@ -392,7 +408,7 @@ def build_reducer(
         find_unused_parameters=plan.find_unused_parameters,
         check_finite=check_finite,
         flag_fns=flag_fns,
-        collective=sharding.scatter if sharding is not None else None,
+        collective=collective,
     )
     for compressor in compressors:
         if hasattr(compressor, "set_layout"):

@@ -59,6 +59,7 @@ class SliceScatter:
     """Reduce-scatter each bucket into this rank's slice of ``layout`` (a `BucketCollective`);
     see the module doc."""
 
+    name = "reduce-scatter"
     keeps_buffers = False
 
     def __init__(
