@@ -17,10 +17,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from longboat.launch import emulate, faults, netns
+from longboat.launch import emulate, emulate_nodes, faults, netns
 from longboat.launch.faults import Fault, FaultError, When
 from tests.launch.test_emulate import _leftovers, _processes_mentioning, needs_netns
 
@@ -118,6 +120,41 @@ def test_highest_step_skips_missing_and_partial(tmp_path: Path) -> None:
     (b / "commits-0").write_text("12\n")
     (b / "commits-1").write_text("1x")
     assert faults.highest_step([a, b, missing]) == 12
+
+
+def test_an_added_node_is_said_to_join_once_its_ranks_commit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Starting a node is not its joining: the job takes it in at a later commit, which its
+    ranks' first recorded commit tells."""
+    plan = _plan(2, spares=1, elastic=True)
+    started: list[netns.Node] = []
+
+    def start(node: netns.Node) -> Any:  # a run without a process
+        started.append(node)
+        return SimpleNamespace(node=node, faulted=None)
+
+    injector = emulate_nodes.Injector(
+        plan, faults.plan_faults(2, add=["step=2"]), tmp_path, start=start
+    )
+    node0, node2 = (tmp_path / f"node{i}" / ".elastic" for i in (0, 2))
+    node0.mkdir(parents=True)
+    (node0 / "commits-0").write_text("2")
+    runs: list = []
+    injector.poll(runs)
+    assert [n.index for n in started] == [2]
+    out = capsys.readouterr().out
+    assert (
+        "[emulate] started node 2 at step 2 (" in out and "joins the job at a later commit" in out
+    )
+    (node0 / "commits-0").write_text("5")
+    injector.poll(runs)
+    assert "joined" not in capsys.readouterr().out  # started, not yet in the job
+    node2.mkdir(parents=True)
+    (node2 / "commits-0").write_text("6")
+    injector.poll(runs)
+    injector.poll(runs)
+    assert capsys.readouterr().out == "[emulate] node 2 joined the job by commit 6\n"
 
 
 def test_bad_fault_flag_exits_2_naming_it(
@@ -232,7 +269,8 @@ def test_kill_on_step_and_add_node(
     assert code == 0, out[-3000:]
     killed = [line for line in out.splitlines() if line.startswith("[emulate] killed node 1 at")]
     assert len(killed) == 1 and int(killed[0].split("at step ")[1].split()[0]) >= 3, out
-    assert "[emulate] added node 2 at step" in out
+    assert "[emulate] started node 2 at step" in out
+    assert "[emulate] node 2 joined the job by commit " in out
     launchers = [line for line in out.splitlines() if "probe launcher:" in line]
     assert launchers and all("--nnodes 1:3" in line for line in launchers)
     assert not any("--node-rank" in line for line in launchers)

@@ -21,6 +21,7 @@ from longboat.launch.emulate_commands import launcher_command, node_env
 from longboat.launch.faults import Fault, FaultPlan
 from longboat.launch.netns import Node, Plan
 from longboat.log import get_logger
+from longboat.words import plural
 
 #: After a failure or signal, launchers get this long to stop their ranks before SIGKILL.
 STOP_GRACE_S = 5.0
@@ -117,9 +118,12 @@ class Injector:
         self._dirs = commit_dirs(plan, log_dir)
         self._start = start
         self._watch_steps = any(f.when.step is not None for f in self.pending)
+        self.joining: list[int] = []  # added nodes whose ranks have not committed yet
 
     def poll(self, runs: list[NodeRun]) -> None:
-        """Fire every due fault; an added node's run is appended to ``runs``."""
+        """Fire every due fault (an added node's run is appended to ``runs``), and say when an
+        added node has joined."""
+        self._announce_joined()
         if not self.pending:
             return
         elapsed = time.monotonic() - self.began
@@ -150,7 +154,8 @@ class Injector:
             runs.append(self._start(node))
             self.started.add(node.index)
             self._mark(runs, node.index, "link cut" if node.index in self.cut else None)
-            _announce(f"added node {node.index} {moment}")
+            self.joining.append(node.index)
+            _announce(f"started node {node.index} {moment}; it joins the job at a later commit")
             return
         assert fault.node is not None
         node = self.plan.nodes[fault.node]
@@ -179,9 +184,21 @@ class Injector:
             if r.node.index == index and why and r.faulted is None:
                 r.faulted = why
 
+    def _announce_joined(self) -> None:
+        """An added node has joined once its ranks record a commit: the job's count then (or
+        a later one, if several commits came between two polls)."""
+        for index in list(self.joining):
+            commits = faults.highest_step([self._dirs[index]])
+            if commits >= 0:
+                self.joining.remove(index)
+                _announce(f"node {index} joined the job by commit {commits}")
+
     def report_unfired(self) -> None:
+        self._announce_joined()
         for fault in self.pending:
             _log.warning("%s did not fire: the run ended first", fault.flag)
+        for index in self.joining:
+            _log.warning("node %d was started but never committed a step with the job", index)
 
 
 def wait_all(
@@ -241,9 +258,10 @@ def _summarise(runs: list[NodeRun], first: NodeRun | None) -> int:
     first = first or next((r for r in runs if _failed(r)), None)
     if first is None:
         if faulted:
-            healthy = len(runs) - len(faulted)
-            nodes = "1 node" if healthy == 1 else f"{healthy} nodes"
+            nodes = plural(len(runs) - len(faulted), "node")
             _log.info("every node not faulted finished successfully (%s)", nodes)
+        elif len(runs) == 1:
+            _log.info("the node finished successfully")
         else:
             _log.info("all %d nodes finished successfully", len(runs))
         return 0
