@@ -438,7 +438,7 @@ def test_single_process_init_and_shutdown_repeat(
         dist.all_reduce(t)
         assert t.item() == 3.0
         lc.barrier(timeout=5)
-        assert any("1 ranks on 1 nodes" in r.getMessage() for r in caplog.records)
+        assert any("cluster: 1 rank on 1 node, " in r.getMessage() for r in caplog.records)
         lc.shutdown()
         lc.shutdown()
         assert not lc.is_initialized() and not dist.is_initialized()

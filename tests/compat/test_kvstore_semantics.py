@@ -418,7 +418,7 @@ def test_refused_row_sparse_pulls_raise_invalid_argument_error_saying_what_was_w
                 row_ids=torch.tensor([0, 1]),
             )  # fmt: skip
         ),
-        "row_sparse_pull: 2 keys but 1 outputs": lambda: kv.row_sparse_pull(
+        "row_sparse_pull: 2 keys but 1 output": lambda: kv.row_sparse_pull(
             ["emb", "w"], out=[rows], row_ids=[ids, ids]
         ),
     }

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from longboat.cli import main
 from longboat.launch.local import launch_local
-from longboat.tools.demo import compare
+from longboat.tools.demo import compare, headline, speed_note
 from longboat.tools.demo_train import DemoConfig, global_batches, load_digits_split, make_sampler
 from tests._cli import longboat_argv
 
@@ -68,6 +68,12 @@ def test_launched_ranks_draw_the_reference_order():
 
 def _result(params: dict[str, torch.Tensor]) -> dict[str, object]:
     return {"params": params}
+
+
+def test_headline_and_speed_note_count_in_number():
+    cfg = DemoConfig(nproc=1, epochs=1, global_batch=64, lr=0.1, momentum=0.9, seed=3)
+    assert headline(cfg).startswith("longboat demo: 1 rank, 1 epoch, global batch 64 ")
+    assert speed_note(2, 1.0, cores=1).startswith("2 ranks on 1 core, ")
 
 
 def test_compare_catches_mismatches():

@@ -75,6 +75,10 @@ def test_fixes_print_whole_lines_and_a_pass_gives_only_a_tip(
     assert single.fix == ""
 
 
+def test_omp_check_counts_agree_in_number() -> None:
+    assert doctor.check_omp({"OMP_NUM_THREADS": "1"}, 1).detail.startswith("1 thread x 1 rank <")
+
+
 def test_nccl_omp_and_pair_checks() -> None:
     nccl = doctor.check_nccl_env({"NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "INFO"})
     assert [(c.name, c.status) for c in nccl] == [

@@ -4,6 +4,7 @@ loads and merges (up to its last flush)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -91,6 +92,16 @@ def test_background_writer_flushes_without_a_full_batch(tmp_path: Path) -> None:
     assert rec.buffered == 0
     assert sum(e["ph"] != "M" for e in read_events(rec.file)) == EVENTS_PER_STEP
     assert not finished(rec.file)  # still open: readable all the same
+
+
+def test_the_merge_line_counts_one_rank_in_the_singular(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec = Recorder(tmp_path / "t.json", 0, 1, comm_lanes=1)
+    record_step(rec, 1)
+    with caplog.at_level(logging.INFO, logger="longboat"):
+        assert rec.save() is not None
+    assert "(1 rank); open it in" in caplog.text
 
 
 _KILLED = """

@@ -19,6 +19,7 @@ from longboat.cluster.env import discover
 from longboat.cluster.info import ClusterError, ClusterInfo
 from longboat.cluster.startup import Startup
 from longboat.cluster.topology import Topology, gather_topology, node_key
+from longboat.words import plural
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -275,9 +276,9 @@ def init(
     if info.rank == 0:
         tail = startup.describe(info, topo, strategy) if startup.describe is not None else ""
         _log.info(
-            "longboat cluster: %d ranks on %d nodes, %s%s, timeout %.0fs",
-            info.world_size,
-            topo.nodes,
+            "longboat cluster: %s on %s, %s%s, timeout %.0fs",
+            plural(info.world_size, "rank"),
+            plural(topo.nodes, "node"),
             info.describe(),
             tail,
             wait.total_seconds(),

@@ -10,6 +10,7 @@ import torch
 
 from longboat.kvstore.errors import InvalidArgumentError
 from longboat.kvstore.sparse import RowSparse
+from longboat.words import plural
 
 Key = int | str
 Part = torch.Tensor | RowSparse
@@ -48,7 +49,9 @@ class KeyRules:
         keys, values = list(key), list(value)
         check_same_type(keys)
         if len(keys) != len(values):
-            raise ValueError(f"{what}: {len(keys)} keys but {len(values)} values")
+            raise ValueError(
+                f"{what}: {plural(len(keys), 'key')} but {plural(len(values), 'value')}"
+            )
         for k in keys:
             self.check(what, k)
         return [(k, split(what, k, v)) for k, v in zip(keys, values, strict=True)]
@@ -70,7 +73,9 @@ class KeyRules:
         else:
             outs = list(out)
         if len(outs) != len(keys):
-            raise InvalidArgumentError(f"{what}: {len(keys)} keys but {len(outs)} outputs")
+            raise InvalidArgumentError(
+                f"{what}: {plural(len(keys), 'key')} but {plural(len(outs), 'output')}"
+            )
         return keys, outs
 
 

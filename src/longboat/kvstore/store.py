@@ -32,6 +32,7 @@ from longboat.kvstore.types import kind_of, sums_on_device
 from longboat.log import get_logger
 from longboat.ps.trainer.client import PSError
 from longboat.ps.trainer.kv import KVClient
+from longboat.words import plural
 
 Updater = Callable[[Key, torch.Tensor, torch.Tensor], None]
 log = get_logger("longboat.kvstore")
@@ -188,7 +189,7 @@ class KVStore:
         ids_per_key = [row_ids] if single else list(row_ids)
         if len(ids_per_key) != len(keys):
             raise InvalidArgumentError(
-                f"row_sparse_pull: {len(keys)} keys but {len(ids_per_key)} row_ids"
+                f"row_sparse_pull: {plural(len(keys), 'key')} but {len(ids_per_key)} row_ids"
             )
         fills = [
             fill
@@ -220,7 +221,8 @@ class KVStore:
             per_target = per_target * len(targets)
         if len(per_target) != len(targets):
             raise InvalidArgumentError(
-                f"row_sparse_pull {key!r}: {len(targets)} outputs but {len(per_target)} row_ids"
+                f"row_sparse_pull {key!r}: {plural(len(targets), 'output')} but "
+                f"{len(per_target)} row_ids"
             )
         fills = []
         for target, rows in zip(targets, per_target, strict=True):

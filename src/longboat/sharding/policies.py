@@ -11,6 +11,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
+from longboat.words import plural
+
 if TYPE_CHECKING:
     from longboat.collective.plan import CollectivePlan
     from longboat.collective.sharding.config import ShardingPlan
@@ -108,8 +110,8 @@ def banner(sharding: ShardingPlan | None, world: int, ranks_per_node: int, nodes
             degree = sharding.degree_in(world, 0)
     except ValueError:
         return ""
-    replicas = f" x {world // degree} replicas" if degree < world else ""
-    return f", sharding stage {sharding.stage} over {degree} ranks{replicas}"
+    replicas = f" x {plural(world // degree, 'replica')}" if degree < world else ""
+    return f", sharding stage {sharding.stage} over {plural(degree, 'rank')}{replicas}"
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from longboat.tools.demo_methods import EXACT, METHODS
+from longboat.words import plural
 
 if TYPE_CHECKING:  # torch and the training code load only when the demo runs
     import torch
@@ -83,10 +84,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]longboat demo: {exc}[/]")
         return 1
     start = time.perf_counter()
-    console.print(
-        f"longboat demo: {cfg.nproc} ranks, {cfg.epochs} epochs, global batch "
-        f"{cfg.global_batch} ({cfg.rank_batch} per rank), digits 8x8"
-    )
+    console.print(headline(cfg))
     try:
         results = launch_local(train_rank, (cfg,), nproc=cfg.nproc)
     except LaunchError as exc:
@@ -98,6 +96,14 @@ def run(args: argparse.Namespace) -> int:
     check = compare(results, reference)
     console.print(report(cfg, results, reference, check, time.perf_counter() - start))
     return 0 if check.ok else 1
+
+
+def headline(cfg: DemoConfig) -> str:
+    """The demo's first line: what it runs."""
+    return (
+        f"longboat demo: {plural(cfg.nproc, 'rank')}, {plural(cfg.epochs, 'epoch')}, global batch "
+        f"{cfg.global_batch} ({cfg.rank_batch} per rank), digits 8x8"
+    )
 
 
 def _config(args: argparse.Namespace) -> DemoConfig:
@@ -161,7 +167,7 @@ def report(
     table.add_column()
     table.add_row("ranks", f"{cfg.nproc} (local, via torch elastic agent)")
     table.add_row("backend", first["backend"])
-    table.add_row("epochs", f"{cfg.epochs} ({steps_per_epoch} steps each)")
+    table.add_row("epochs", f"{cfg.epochs} ({plural(steps_per_epoch, 'step')} each)")
     table.add_row("global batch", f"{cfg.global_batch} ({cfg.rank_batch} per rank)")
     table.add_row("method", cfg.method)
     table.add_row("gradient bytes/step", f"{first['bytes_per_step']:,.0f} sent by rank 0")
@@ -186,7 +192,7 @@ def speed_note(nproc: int, single_step_ms: float, cores: int | None = None) -> s
     machine's cores, and a step of a model this small is mostly fixed per-step costs."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    where = f"{nproc} ranks share {cores} core{'s' if cores != 1 else ''}"
+    where = f"{plural(nproc, 'rank')} on {plural(cores, 'core')}"
     return (
         f"{where}, and one step of this small model takes {single_step_ms:.1f} ms in one "
         "process, so the allreduce and Python around it are a large share of a step. This run "

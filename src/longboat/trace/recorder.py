@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from longboat.log import get_logger
+from longboat.words import plural
 
 log = get_logger("longboat.trace")
 
@@ -272,9 +273,9 @@ class Recorder:
             return None
         merged = merge(present, self.path)
         log.info(
-            "timeline: wrote %s (%d ranks); open it in https://ui.perfetto.dev",
+            "timeline: wrote %s (%s); open it in https://ui.perfetto.dev",
             merged,
-            len(files) - len(missing),
+            plural(len(files) - len(missing), "rank"),
         )
         return merged
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from longboat.words import plural
+
 if TYPE_CHECKING:
     from longboat.strategy import Strategy
 
@@ -53,7 +55,7 @@ class ShardingPlan:
             )
         else:
             after = "every parameter is whole when optimizer.step() returns"
-        return f"sharding stage {self.stage}: {split} split over {degree} ranks; {after}"
+        return f"sharding stage {self.stage}: {split} split over {plural(degree, 'rank')}; {after}"
 
     def degree_in(self, world: int, rank: int) -> int:
         """The shard group size in a job of ``world`` ranks; ValueError naming the fields when

@@ -45,6 +45,7 @@ from longboat.ps.server.tables import Table, load_table, make_table, read_rows, 
 from longboat.ps.shared import wire
 from longboat.ps.shared.request import Closing, RequestError, StaleStep
 from longboat.ps.shared.wire import Message
+from longboat.words import plural
 
 log = get_logger("longboat.ps")
 
@@ -313,7 +314,7 @@ class ServerState:
                 self._wait(
                     lambda: self.barriers.over(name, gen, self.present()),
                     deadline,
-                    f"all {self.trainers} trainers at barrier {name or 'step'} {gen}",
+                    f"{plural(self.trainers, 'trainer')} at barrier {name or 'step'} {gen}",
                 )
                 self.barriers.complete(name, gen)
         return Message({})

@@ -34,6 +34,7 @@ from longboat.ps.trainer.table_configs import apply_sparse_table_configs
 from longboat.ps.trainer.wrappers import PSModel, PSOptimizer
 from longboat.recompute import apply_recompute
 from longboat.trace.ps import StallExplainer, make_observer
+from longboat.words import plural
 
 if TYPE_CHECKING:
     from longboat.strategy import Strategy
@@ -239,12 +240,11 @@ class PSEngine:
         if self.trainer == 0:
             loads = ", ".join(str(n) for n in self.plan.loads())
             log.info(
-                "parameter servers: %s mode, %d trainers, plan %s (%d blocks; elements per "
-                "server %s)",
+                "parameter servers: %s mode, %s, plan %s (%s; elements per server %s)",
                 self.cfg.mode,
-                self.trainers,
+                plural(self.trainers, "trainer"),
                 self.plan.digest(),
-                len(self.plan.blocks),
+                plural(len(self.plan.blocks), "block"),
                 loads,
             )
             log.debug("sharding plan:\n%s", self.plan.describe())

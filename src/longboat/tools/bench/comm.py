@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from longboat import cluster
 from longboat.tools.progress import progress
+from longboat.words import plural
 
 DEFAULT_SIZES = "1K,16K,256K,1M,4M,16M,64M,256M"
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -205,7 +206,7 @@ def limits_line(report: dict[str, Any]) -> str:
     return (
         f"loopback TCP stream limit: {report['loopback_tcp_GBps']:.2f} GB/s; memory copy limit: "
         f"{report['memcpy_GBps']:.2f} GB/s (measured now); busbw = algbw x "
-        f"{report['busbw_factor']:.2f} for {report['world_size']} ranks"
+        f"{report['busbw_factor']:.2f} for {plural(report['world_size'], 'rank')}"
     )
 
 
@@ -215,7 +216,8 @@ def render(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"allreduce, {report['world_size']} ranks on {report['nodes']} node(s), float32"
+        title=f"allreduce, {plural(report['world_size'], 'rank')} on "
+        f"{plural(report['nodes'], 'node')}, float32"
     )
     for column in ("algorithm", "size", "time ms", "algbw GB/s", "busbw GB/s", "time / gloo"):
         table.add_column(column, justify="left" if column == "algorithm" else "right")

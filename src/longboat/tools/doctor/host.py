@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from longboat.tools.doctor.checks import FAIL, INFO, PASS, WARN, Check, run_command
 from longboat.tools.doctor.fixes import fix_text
+from longboat.words import plural
 
 SHM_MIN_BYTES = 1 << 30
 NOFILE_MIN = 4096
@@ -226,20 +227,19 @@ def check_omp(env: Mapping[str, str], nproc: int) -> Check:
         return Check(
             "OMP_NUM_THREADS",
             WARN if nproc > 1 else INFO,
-            f"unset: each of {nproc} ranks may use all {cores} cores (oversubscription)"
+            f"unset: each of {nproc} ranks may use all {plural(cores, 'core')} (oversubscription)"
             if nproc > 1
-            else f"unset: the one rank may use all {cores} cores (no oversubscription)",
+            else f"unset: the one rank may use all {plural(cores, 'core')} (no oversubscription)",
             fix if nproc > 1 else "",
         )
     try:
         threads = int(value)
     except ValueError:
         return Check("OMP_NUM_THREADS", FAIL, f"OMP_NUM_THREADS={value!r} is not a number", fix)
+    use = f"{plural(threads, 'thread')} x {plural(nproc, 'rank')}"
     if threads * nproc > cores:
-        return Check(
-            "OMP_NUM_THREADS", WARN, f"{threads} threads x {nproc} ranks > {cores} cores", fix
-        )
-    return Check("OMP_NUM_THREADS", PASS, f"{threads} threads x {nproc} ranks <= {cores} cores")
+        return Check("OMP_NUM_THREADS", WARN, f"{use} > {plural(cores, 'core')}", fix)
+    return Check("OMP_NUM_THREADS", PASS, f"{use} <= {plural(cores, 'core')}")
 
 
 def check_nccl_env(env: Mapping[str, str]) -> list[Check]:
