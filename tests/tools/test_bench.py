@@ -112,6 +112,49 @@ def test_bench_train_sharded_against_unsharded_ddp_and_zero(tmp_path: Path) -> N
     assert "sharded longboat / system" in out.stdout
 
 
+@pytest.mark.slow  # five systems on two ranks: the slow tier
+def test_bench_train_stage3_against_fsdp2_by_hand(tmp_path: Path) -> None:
+    out = _longboat(
+        "train", "--model", "mlp-tiny", "--nproc", "2", "--warmup", "1", "--steps", "2",
+        "--rounds", "3", "--set", "sharding=true", "--set", "sharding_configs={stage: 3}",
+        "--json", str(tmp_path / "t.json"), "--markdown",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {
+        r["system"]: r for r in json.loads((tmp_path / "t.json").read_text())["results"]["mlp-tiny"]
+    }
+    assert list(rows) == ["longboat", "longboat unsharded", "ddp", "fsdp2 by hand"]
+    whole = rows["longboat"]["params"] * 4 / 2**20
+    for name in ("longboat", "fsdp2 by hand"):  # SGD with momentum: every part split in two
+        for column in ("optimizer_state_mb", "gradient_mb", "parameter_mb"):
+            assert rows[name][column] == pytest.approx(whole / 2, rel=0.05), (name, column)
+    assert rows["longboat unsharded"]["parameter_mb"] == pytest.approx(whole)
+    assert rows["fsdp2 by hand"]["longboat_over_this"] > 0
+    assert "| mlp-tiny | longboat, sharding stage 3 | 2 |" in out.stdout
+    assert "| mlp-tiny | fsdp2 by hand | 2 |" in out.stdout
+
+
+def test_stage3_rows_set_longboat_against_fsdp2_by_hand() -> None:
+    def system(steps: list[float], held: float) -> dict:
+        memory = {"optimizer_state_mb": held, "gradient_mb": held, "parameter_mb": held}
+        return {"step_s": steps, "data_s": [0.0] * len(steps), "memory": memory}
+
+    raw = {
+        2: {"params": 1, "batch_per_rank": 10, "world_size": 2, "sharding": {"stage": 3},
+            "longboat": system([0.2, 0.4, 0.3], 0.5),
+            "longboat unsharded": system([0.1, 0.2, 0.1], 1.0),
+            "ddp": system([0.1, 0.2, 0.3], 1.0), "ddp lean": system([0.1, 0.1, 0.1], 1.0),
+            "fsdp2 by hand": system([0.2, 0.5, 0.3], 0.5), "no sync": system([0.1, 0.1, 0.1], 1.0)},
+    }  # fmt: skip
+    rows = {r["system"]: r for r in train.summarise(raw)}
+    assert list(rows) == ["longboat", "longboat unsharded", "ddp", "fsdp2 by hand"]
+    assert rows["fsdp2 by hand"]["longboat_over_this"] == pytest.approx(1.0)  # 1, 0.8, 1
+    table = train.markdown("m", list(rows.values()))
+    assert "| m | longboat, sharding stage 3 | 2 | 300.00 |" in table
+    assert "| parameters MB |" in table
+    assert "| m | fsdp2 by hand | 2 | 300.00 |" in table and "| 0.50 | 0.50 | 0.50 |" in table
+
+
 def test_summary_speedup_and_input_bound_flag() -> None:
     raw = {
         1: {"params": 1, "batch_per_rank": 10, "world_size": 1,
