@@ -73,7 +73,7 @@ def test_a_rank_started_on_the_node_takes_the_copy_of_the_last_commit_bit_for_bi
 ) -> None:
     old = _trained(5)
     _, copies = elastic_dirs
-    assert [p.name for p in copies.iterdir()] == ["state-0-5.pt"]  # older copies replaced
+    assert node_copy.newest(copies, 0)[0] == 5  # on the node as soon as commit() returned
     new = _restarted()
     assert not new.holds_state
     new.sync()
@@ -136,21 +136,66 @@ def test_a_fresh_job_starts_from_its_initial_state(elastic_dirs: tuple[Path, Pat
     assert state.sync() == 0 and state.commits == 0 and state.holds_state
 
 
-def test_copies_are_written_off_the_step_and_the_newest_offer_wins(tmp_path: Path) -> None:
+def _tree(n: int) -> dict[str, Any]:
+    return {"w": torch.full((1000,), float(n)), "n": n, "parts": [torch.arange(n), "x"]}
+
+
+def _assert_tree(saved: dict[str, Any], n: int) -> None:
+    assert saved["n"] == n and saved["parts"][1] == "x"
+    assert torch.equal(saved["w"], torch.full((1000,), float(n)))
+    assert torch.equal(saved["parts"][0], torch.arange(n))
+
+
+def test_host_state_is_on_the_node_when_offer_returns(tmp_path: Path) -> None:
     writer = node_copy.NodeCopy(tmp_path, local_rank=2)
-    for commits in range(1, 30):
-        writer.offer(commits, {"w": torch.full((1000,), float(commits)), "n": commits})
-    assert writer.flush(timeout=30)
-    commits, saved = node_copy.newest(tmp_path, 2)
-    assert commits == 29 and saved["n"] == 29 and torch.equal(saved["w"], torch.full((1000,), 29.0))
+    for commits in range(1, 6):
+        writer.offer(commits, _tree(commits))
+        found, saved = node_copy.newest(tmp_path, 2)
+        assert found == commits
+        _assert_tree(saved, commits)
     assert node_copy.newest(tmp_path, 0) is None
-    assert [p.name for p in tmp_path.iterdir()] == ["state-2-29.pt"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [f"state-2-{s}.{e}" for s in (0, 1) for e in ("bin", "meta")] + [
+        "state-2.current"
+    ]
 
 
-def test_an_unreadable_copy_is_skipped_for_an_older_one(tmp_path: Path) -> None:
-    torch.save({"n": 3}, tmp_path / "state-0-3.pt")
-    (tmp_path / "state-0-7.pt").write_bytes(b"cut short")
-    assert node_copy.newest(tmp_path, 0) == (3, {"n": 3})
+def test_device_state_goes_through_the_writer_thread_and_the_newest_offer_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node_copy, "_in_host_memory", lambda tree: False)
+    writer = node_copy.NodeCopy(tmp_path, local_rank=0)
+    for commits in range(1, 30):
+        writer.offer(commits, _tree(commits))
+    assert writer.flush(timeout=30)
+    found, saved = node_copy.newest(tmp_path, 0)
+    assert found == 29
+    _assert_tree(saved, 29)
+
+
+def test_a_rank_killed_while_it_writes_leaves_the_previous_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = node_copy.NodeCopy(tmp_path, local_rank=0)
+    writer.offer(1, _tree(1))
+    writer.offer(2, _tree(2))
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise SystemExit("killed while writing")
+
+    monkeypatch.setattr(torch, "save", killed)  # the data is copied, the description never
+    with pytest.raises(SystemExit):
+        node_copy._Slots(tmp_path, 0).write(3, _tree(3))
+    found, saved = node_copy.newest(tmp_path, 0)
+    assert found == 2
+    _assert_tree(saved, 2)
+
+
+def test_a_copy_cut_short_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "state-0.current").write_text("1 7")
+    (tmp_path / "state-0-1.meta").write_bytes(b"cut short")
+    assert node_copy.newest(tmp_path, 0) is None
+    assert "unreadable node copy" in caplog.text
 
 
 def test_a_new_job_clears_what_an_earlier_one_left_in_the_elastic_directory(
