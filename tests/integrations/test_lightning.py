@@ -145,6 +145,7 @@ def _fit_all(rank: int, _world: int, root: str) -> dict[str, Any]:
             "broadcast": probe.broadcast,
             "checkpoint": path.exists(),
             "model_after": type(trainer.strategy.model).__name__,
+            "plugin_after": sorted(vars(trainer.precision_plugin)),  # attributes, not methods
         }
         results["leftovers"].append(_leftovers())  # after fit and checkpoint
     named = _trainer("longboat", root)  # the registered name, the default Strategy
@@ -256,3 +257,11 @@ def test_callbacks_read_complete_weights_after_a_sharded_step(ranks) -> None:
     for r in ranks:
         seen = r["sharding stage 2, clipping"]["incomplete"]
         assert len(seen) >= 3 and not any(seen), seen
+
+
+def test_sharded_clipping_leaves_the_precision_plugin_as_given(ranks) -> None:
+    """Stage 2 clips through a subclass of the plugin that serves during the fit, not by
+    replacing methods of the plugin Lightning gave: after the fit it is as it was."""
+    for r in ranks:
+        for name in CASES:
+            assert not {"clip_grad_by_norm", "clip_grad_by_value"} & set(r[name]["plugin_after"])

@@ -25,7 +25,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 
 import longboat as lb  # noqa: E402
 import longboat.cluster as cluster  # noqa: E402
-from longboat.integrations.lightning import LongboatStrategy  # noqa: E402
+from longboat.integrations.lightning import LongboatStrategy, sliced_clipping  # noqa: E402
 
 LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -152,3 +152,14 @@ def test_unused_parameter_error_names_the_lightning_fix(alone: None) -> None:
     message = str(error.value)
     assert "LongboatStrategy(lb.Strategy(find_unused_parameters=True))" in message
     assert "lb.distribute" not in message
+
+
+def test_sliced_clipping_serves_a_subclass_of_the_plugin_and_leaves_it_alone() -> None:
+    plugin, norms = Precision(), []
+    model = mock.Mock(clip_grad_norm_=norms.append)
+    sliced = sliced_clipping(plugin, model)
+    sliced.clip_gradients(torch.optim.SGD([torch.zeros(1, requires_grad=True)]), 0.5)
+    assert norms == [0.5] and isinstance(sliced, Precision)
+    with pytest.raises(ValueError, match="gradient_clip_algorithm='value' with sharding stage 2"):
+        sliced.clip_grad_by_value(None, 1.0)
+    assert type(plugin) is Precision and not {"clip_grad_by_norm", "model"} & set(vars(plugin))

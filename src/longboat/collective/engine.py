@@ -24,7 +24,6 @@ from longboat.collective.buckets import (
     layer_of,
     plan_buckets,
 )
-from longboat.collective.compile import keep_overlap
 from longboat.collective.consistency import (
     broadcast_state,
     verify_same_model,
@@ -117,7 +116,7 @@ def distribute(
         else None
     )
     wrapped = _wrap_model(model, plan, reducer, compressors, amp, named, tuner)
-    keep_overlap(wrapped)  # a compiled module: cut its graph at the buckets
+    wrapped.keep_overlap()  # a compiled module: cut its graph at the buckets
     optimizer = _wrap_optimizer(optimizer, plan, wrapped, named, scaled, sharding)
     return wrapped, attach(wrapped, optimizer, plan.trace)
 

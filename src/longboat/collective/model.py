@@ -10,13 +10,15 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from longboat.collective import compile as compiling
 from longboat.collective.amp import Amp
+from longboat.collective.compile_guard import compiled_elsewhere, warn_compiled_elsewhere
 from longboat.collective.consistency import broadcast_state
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.plan import CollectivePlan
 from longboat.collective.reducer import Reducer
 from longboat.comm.compress import Compressor
+from longboat.integrations.compile import compiled_with, cut_at_buckets, user_backend
+from longboat.integrations.compile_split import BucketSplitter, CompilerFn
 
 if TYPE_CHECKING:
     from longboat.collective.autotune import AutoTuner
@@ -40,7 +42,7 @@ class DistributedModel(nn.Module):
     backward communicates. ``no_sync()`` turns communication off for the backward passes
     of forwards run inside it; their gradients accumulate locally until the next synced one.
     ``compile(...)`` compiles the module with ``torch.compile``'s arguments, keeping overlap
-    (`longboat.collective.compile`); this wrapper's own forward always runs eagerly.
+    (`longboat.integrations.compile`); this wrapper's own forward always runs eagerly.
     """
 
     def __init__(
@@ -72,7 +74,7 @@ class DistributedModel(nn.Module):
         self._no_sync = False
         self._index = {id(p): i for i, p in enumerate(reducer.params)}
         self._call_module: Callable[..., Any] = module.__call__  # compile() may point it on
-        self.splitter: compiling.BucketSplitter | None = None  # set by compile()
+        self.splitter: BucketSplitter | None = None  # set by compile()
         self._compile_warned = False
         self.pending_writes: PendingWrites | None = None  # sharding: gathers written lazily
 
@@ -104,10 +106,45 @@ class DistributedModel(nn.Module):
             self.plan = plan
         self._index = {id(p): i for i, p in enumerate(reducer.params)}
 
-    def compile(self, **torch_compile_kwargs: Any) -> None:  # type: ignore[override]
-        """``torch.compile`` the module in place, cut at the reducer's buckets so that they
-        launch during the compiled backward (`longboat.collective.compile.compile_model`)."""
-        compiling.compile_model(self, **torch_compile_kwargs)
+    def compile(  # type: ignore[override]
+        self,
+        *,
+        backend: str | Callable[..., Any] = "inductor",
+        mode: str | None = None,
+        options: dict[str, Any] | None = None,
+        dynamic: bool | None = None,
+        fullgraph: bool = False,
+    ) -> None:
+        """``torch.compile`` the module in place (the arguments are ``torch.compile``'s), cut
+        at the reducer's buckets so that they launch during the compiled backward, as soon as
+        the backward of their piece is done (`longboat.integrations.compile`)."""
+        self._cut_at_buckets(user_backend(backend, mode, options, dynamic), dynamic, fullgraph)
+
+    def keep_overlap(self) -> None:
+        """``lb.distribute`` of a module compiled with ``torch.compile``: recompile it cut at
+        the buckets, with the backend and settings it was compiled with. Where they cannot be
+        read, it stays as it is, and its first forward says that overlap is lost."""
+        found = compiled_with(self._modules["module"])  # type: ignore[arg-type]
+        if found is not None:
+            self._cut_at_buckets(*found)
+
+    def _cut_at_buckets(self, backend: CompilerFn, dynamic: bool | None, fullgraph: bool) -> None:
+        module = self._modules["module"]
+        assert module is not None
+        self._call_module, self.splitter = cut_at_buckets(
+            module, self._bucket_of, backend, dynamic, fullgraph
+        )
+
+    def _bucket_of(self) -> dict[int, int]:
+        """``id(parameter)`` to the index (launch order) of the current reducer's bucket
+        holding it: read at every compilation, so a swapped reducer's buckets count."""
+        reducer = self.reducer
+        index = {name: i for i, name in enumerate(reducer.names)}
+        return {
+            id(reducer.params[index[name]]): b
+            for b, names in enumerate(reducer.bucket_members())
+            for name in names
+        }
 
     def runs_eagerly(self) -> bool:
         """Whether the module's forward runs eagerly (not compiled here, nor seen compiled)."""
@@ -181,9 +218,9 @@ class DistributedModel(nn.Module):
         """A graph compiled outside ``compile()`` launches every bucket at its end: say so once."""
         if self._compile_warned or self.splitter is not None:
             return
-        self._compile_warned = compiling.compiled_elsewhere(output)
+        self._compile_warned = compiled_elsewhere(output)
         if self._compile_warned:
-            compiling.warn_compiled_elsewhere()
+            warn_compiled_elsewhere()
 
     def _buffers_from_rank0(self) -> None:
         """``broadcast_buffers``: every rank takes rank 0's buffers (one coalesced broadcast

@@ -41,7 +41,7 @@ from longboat.collective.buckets import (
     BucketPlan,
     assign_communicators,
 )
-from longboat.collective.compiled_autograd import refuse_compiled_autograd
+from longboat.collective.compile_guard import refuse_compiled_autograd
 from longboat.collective.usage import PendingCounts, UsageMarks, read_counts, reads_block
 from longboat.comm.algorithms import AllreduceFn, Handle
 from longboat.comm.handles import wait_for

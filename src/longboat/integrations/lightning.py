@@ -25,6 +25,7 @@ try:
     import lightning.pytorch as pl
     from lightning.pytorch.accelerators import MPSAccelerator
     from lightning.pytorch.overrides.distributed import _sync_module_states
+    from lightning.pytorch.plugins.precision import Precision
     from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
     from lightning.pytorch.trainer.states import TrainerFn
 except ImportError as exc:  # pragma: no cover - the message is the point
@@ -102,6 +103,7 @@ class LongboatStrategy(DDPStrategy):
             admit_strategy(strategy)
         self._longboat = strategy
         self._ddp_fields = ddp_fields(ddp["kwargs"])
+        self._plain_precision: Precision | None = None  # while sliced_clipping's copy serves
 
     @property  # type: ignore[override]
     def accelerator(self) -> pl.accelerators.Accelerator | None:
@@ -169,8 +171,10 @@ class LongboatStrategy(DDPStrategy):
         optimizer = self.optimizers[0] if self.optimizers else None
         model, wrapped = distribute(self.model, optimizer, strategy)
         self.model = model
-        if model.plan is not None and model.plan.sharding is not None:
-            clip_through(self.precision_plugin, model, model.plan.sharding.stage)
+        sharding = model.plan.sharding if model.plan is not None else None
+        if sharding is not None and sharding.stage >= 2:  # clipping must reach the slices
+            self._plain_precision = self.precision_plugin
+            self.precision_plugin = sliced_clipping(self.precision_plugin, model)
         if wrapped is not None:
             if getattr(wrapped, "inner", optimizer) is not optimizer:  # LARS/LAMB swapped in
                 for config in self.lr_scheduler_configs:
@@ -198,6 +202,8 @@ class LongboatStrategy(DDPStrategy):
     def teardown(self) -> None:
         if isinstance(self.model, DistributedModel):
             self.model = self.lightning_module
+        if self._plain_precision is not None:  # the next fit starts from the plugin as given
+            self.precision_plugin, self._plain_precision = self._plain_precision, None
         super().teardown()
         cluster.shutdown()  # longboat's state; the process group stays Lightning's
 
@@ -304,23 +310,35 @@ def check_precision(strategy: Strategy, plugin: Any) -> None:
         )
 
 
-def clip_through(plugin: Any, model: DistributedModel, stage: int) -> None:
-    """Lightning's ``gradient_clip_val`` under sharding stage 2, where each rank holds a slice
-    of the gradients and ``param.grad`` is None (torch's clipping would clip nothing): by norm
-    through ``model.clip_grad_norm_`` (the norm over every rank's slices); by value refused."""
-    if stage < 2:
-        return
+class SlicedClipping:
+    """Clipping for a precision plugin under sharding stage 2, where each rank holds a slice of
+    the gradients and ``param.grad`` is None (torch's clipping would clip nothing): by norm
+    through ``model.clip_grad_norm_`` (the norm over every rank's slices); by value refused.
+    Mixed into the plugin's own class by `sliced_clipping`, as Lightning's precision plugins
+    are extended (``FSDPPrecision`` overrides the same two methods)."""
 
-    def by_norm(_optimizer: Any, clip_val: float | int) -> None:
-        model.clip_grad_norm_(float(clip_val))
+    model: DistributedModel
 
-    def by_value(_optimizer: Any, _clip_val: float | int) -> None:
+    def clip_grad_by_norm(self, optimizer: Any, clip_val: float | int) -> None:
+        self.model.clip_grad_norm_(float(clip_val))
+
+    def clip_grad_by_value(self, optimizer: Any, clip_val: float | int) -> None:
         raise ValueError(
             "gradient_clip_algorithm='value' with sharding stage 2: each rank holds a slice of "
             "the gradients; clip by norm (the default algorithm), or use sharding stage 1"
         )
 
-    plugin.clip_grad_by_norm, plugin.clip_grad_by_value = by_norm, by_value
+
+def sliced_clipping(plugin: Precision, model: DistributedModel) -> Precision:
+    """A copy of ``plugin`` (the same settings and loss scaler) whose class is its own with
+    `SlicedClipping` first: the strategy serves it in place of ``plugin`` while ``model``
+    trains, and everything but clipping behaves as ``plugin`` does. ``plugin`` is unchanged."""
+    kind = type(plugin)
+    sliced = type(f"Sliced{kind.__name__}", (SlicedClipping, kind), {})
+    copy = sliced.__new__(sliced)
+    copy.__dict__.update(vars(plugin))
+    copy.model = model
+    return copy
 
 
 def register(registry: Any = StrategyRegistry) -> None:

@@ -18,7 +18,7 @@ import torch
 from torch import fx, nn
 from torch.nn import functional as F
 
-from longboat.collective.compile_split import plan_split
+from longboat.integrations.compile_split import plan_split
 from tests._dist import run_ranks
 
 STEPS = 3
