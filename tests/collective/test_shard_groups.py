@@ -228,6 +228,47 @@ def _spread_over_nodes(rank: int) -> dict[str, Any]:
     }
 
 
+def _shared_with_the_allreduce(rank: int) -> dict[str, Any]:
+    """Groups over the allreduce's ranks run on its shm (no segments of their own), the
+    others map their own; collectives queued between allreduces on the one worker, none
+    waited for before the last, all come out right."""
+    from longboat import cluster
+    from longboat.collective.sharding.groups import ShardGroups
+    from longboat.comm.algorithms import make
+    from longboat.comm.handles import wait_for
+    from longboat.comm.shm_segment import mapped_segments
+
+    allreduce = make("shm", cluster.new_group())
+    before = set(mapped_segments())
+    whole, single, pairs = (ShardGroups.make(d, [allreduce]) for d in (WORLD, 1, 2))
+    new = {n.rsplit("-", 2)[0] for n in set(mapped_segments()) - before}
+    total = float(sum(r + 1 for r in range(WORLD)))
+    sums = [torch.full((n,), float(rank + 1)) for n in (70_001, 3, 5)]
+    fulls = [torch.full((WORLD * n,), float(rank + 1)) for n in (300_000, 1)]
+    outs = [torch.empty(f.numel() // WORLD) for f in fulls]
+    gathered = torch.empty(WORLD * 4)
+    handles = [
+        allreduce(sums[0]),
+        whole.reduce_scatter(outs[0], fulls[0]),
+        allreduce(sums[1]),
+        whole.all_gather(gathered, torch.full((4,), float(rank))),
+        single.sum_over_replicas(sums[2]),
+        whole.reduce_scatter(outs[1], fulls[1]),
+    ]
+    for h in handles:
+        wait_for(h)
+    right = all(bool((t == total).all()) for t in [*sums, *outs])
+    right = right and torch.equal(gathered, torch.arange(WORLD).repeat_interleave(4).float())
+    return {
+        "shared": (whole.shard_shm is allreduce, single.replicas_shm is allreduce),
+        "own": pairs.shard_shm is not allreduce and pairs.replicas_shm is not allreduce,
+        "new groups": sorted(new),
+        "pairs": sorted({pairs.shard_shm.comm.prefix, pairs.replicas_shm.comm.prefix}),
+        "right": right,
+        "prefix": allreduce.comm.prefix,
+    }
+
+
 def _all(rank: int, world: int) -> dict[str, Any]:
     import longboat as lb
     from longboat.collective.sharding.groups import ShardGroups
@@ -249,19 +290,21 @@ def _all(rank: int, world: int) -> dict[str, Any]:
         if groups.replicas is not None:
             out["bad"] += _check_replicas(groups, rank)
     out["nodes"] = _spread_over_nodes(rank)
-    out["after shutdown"] = _left_after_shutdown(groups)
+    out["shared"] = _shared_with_the_allreduce(rank)
+    prefixes = (groups.shard_shm.comm.prefix, out["shared"]["prefix"])
+    out["after shutdown"] = _left_after_shutdown(prefixes)
     return out
 
 
-def _left_after_shutdown(groups: Any) -> dict[str, int]:
-    """The shm workers and this rank's segments that outlive ``lb.shutdown()``."""
+def _left_after_shutdown(prefixes: tuple[str, ...]) -> dict[str, int]:
+    """The shm workers and this rank's segments of groups ``prefixes`` that outlive
+    ``lb.shutdown()``."""
     import threading
 
     import longboat as lb
     from longboat.comm.shm_segment import shm_dir
 
-    prefix = groups.shard_shm.comm.prefix
-    mine = [p for p in shm_dir().iterdir() if p.name.startswith(prefix)]
+    mine = [p for p in shm_dir().iterdir() if p.name.startswith(prefixes)]
     lb.shutdown()
     return {
         "segments before": len(mine),
@@ -290,6 +333,17 @@ def test_shutdown_stops_the_shm_workers_and_removes_the_segments(runs):
     for result in runs:
         assert result["after shutdown"]["segments before"] > 0
         assert result["after shutdown"] == {**result["after shutdown"], "segments": 0, "workers": 0}
+
+
+def test_groups_over_the_allreduces_ranks_share_its_shared_memory(runs):
+    """Sharding's groups over the allreduce's ranks map no segments of their own (pairs of
+    ranks do: the allreduce spans all four), and its collectives queued on the allreduce's
+    worker between allreduces all come out right."""
+    for rank, result in enumerate(runs):
+        shared = result["shared"]
+        assert shared["shared"] == (True, True) and shared["own"], rank
+        assert shared["new groups"] == shared["pairs"], rank
+        assert shared["right"], rank
 
 
 def test_groups_spread_over_nodes_stay_on_gloo(runs):

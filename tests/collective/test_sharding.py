@@ -285,14 +285,17 @@ def _virtual_full_buckets(rank: int, world: int) -> dict[str, torch.Tensor]:
 
 
 def _memory(rank: int) -> dict[str, torch.Tensor]:
-    """Bytes per rank after two Adam steps, without sharding and at stage 1 and 2."""
+    """Bytes per rank after two Adam steps, without sharding and at stage 1 and 2; and the
+    bytes of the shared-memory segments each run mapped."""
     import longboat as lb
     from longboat.collective.sharding.memory import memory_report
+    from longboat.comm.shm_segment import mapped_segments
 
     cfg = _cfg("adam")
     out = {}
     packed = _record_full_buckets()
     for stage in (None, 1, 2):
+        earlier = set(mapped_segments())  # the earlier runs' segments stay mapped
         model = build_model(cfg, seed=0)
         dmodel, dopt = lb.distribute(model, _optimizer("adam", model), _strategy(stage))
         x, y = data(cfg)
@@ -302,6 +305,8 @@ def _memory(rank: int) -> dict[str, torch.Tensor]:
             dopt.step()
         if stage == 2:  # the last backward's full buckets are gone after it
             out["full buckets alive"] = torch.tensor([_alive_after_workers_settle(packed)])
+        mapped = mapped_segments()
+        out[f"shm{stage}"] = torch.tensor([sum(mapped[n] for n in set(mapped) - earlier)])
         report = memory_report(dmodel, dopt)
         buckets = [b.numel() * b.element_size() for b, _ in dmodel.reducer.bucket_layouts()]
         if stage == 2:
@@ -526,6 +531,15 @@ def test_memory_per_rank_shrinks_with_the_stage(runs):
         assert grads2 <= full_grads / WORLD + bucket2, (rank, grads2, full_grads)
         # nothing (a collective's handle, a view) keeps a full bucket alive past backward
         assert m["full buckets alive"].item() == 0
+
+
+def test_sharding_maps_no_more_shared_memory_than_unsharded(runs):
+    """On one node the shard group's reduce-scatter and all-gather run on the allreduce's
+    shared-memory segments instead of mapping segments of their own beside them."""
+    for rank, r in enumerate(runs):
+        plain, *sharded = (r["memory"][f"shm{s}"].item() for s in (None, 1, 2))
+        assert plain > 0, "the allreduce does not run through shared memory on one node"
+        assert max(sharded) <= plain, (rank, plain, sharded)
 
 
 # -- refusals ---------------------------------------------------------------------------------

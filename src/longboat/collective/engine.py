@@ -101,7 +101,7 @@ def distribute(
         return distribute_fully_sharded(model, optimizer, plan)  # type: ignore[return-value]
     model, named = _prepare(model, plan)
     comm = join_world(model, plan)
-    sharding = shard_setup(named, plan, optimizer)  # collective, the same order on every rank
+    sharding = shard_setup(named, plan, optimizer, comm.fns)  # collective, in the same order
     if plan.runtime.compiled_fusion:
         model = cast(nn.Module, torch.compile(model))
     amp = Amp(plan.amp, named[0][1].device.type) if plan.amp is not None else None
@@ -275,13 +275,15 @@ def shard_setup(
     named: list[tuple[str, nn.Parameter]],
     plan: CollectivePlan,
     optimizer: torch.optim.Optimizer | None,
+    shared: list[AllreduceFn] | None = None,
 ) -> ShardSetup | None:
     """Sharding's groups (collective) and this rank's layout over the reducer's buckets, built
-    once for the reducer and the sharded step; None when sharding is off."""
+    once for the reducer and the sharded step; None when sharding is off. ``shared``: the
+    allreduce's functions, whose shared memory groups over the same ranks run on."""
     if plan.sharding is None:
         return None
     degree = plan.sharding.degree_in(dist.get_world_size(), dist.get_rank())
-    groups = ShardGroups.make(degree)
+    groups = ShardGroups.make(degree, shared or ())
     return ShardSetup.make(
         plan.sharding,
         groups,

@@ -61,7 +61,7 @@ def rebuild(model: DistributedModel, optimizer: torch.optim.Optimizer | None = N
     plan = model.plan.on(live_placement())  # the new world's placement decides anew
     comm = join_world(model.module, plan)  # meets newcomers in lb.distribute's calls
     named = list(zip(old.names, old.params, strict=True))
-    sharding = shard_setup(named, plan, sharded.user if sharded is not None else None)
+    sharding = shard_setup(named, plan, sharded.user if sharded is not None else None, comm.fns)
     reducer, compressors = build_reducer(  # shards made after join_world, as lb.distribute does
         named,
         plan,

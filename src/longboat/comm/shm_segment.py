@@ -245,6 +245,24 @@ def _create_exclusive(path: Path) -> int:
     raise FileExistsError(f"could not create shared-memory segment {path}: it keeps reappearing")
 
 
+def mapped_segments() -> dict[str, int]:
+    """Bytes this process maps of each shm segment file, by file name (a file already unlinked
+    but still mapped counts too), read from ``/proc/self/maps``; empty where there is none."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return {}
+    where, out = f"{shm_dir().resolve()}/", {}
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        path = fields[5].removesuffix(" (deleted)") if len(fields) == 6 else ""
+        name = path.removeprefix(where)
+        if path.startswith(where) and name.startswith(NAME_PREFIX) and "/" not in name:
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            out[name] = out.get(name, 0) + end - start
+    return out
+
+
 def remove_group(prefix: str) -> list[Path]:
     """Unlink every segment file of group ``prefix`` (any rank, any generation)."""
     found = sorted(shm_dir().glob(f"{prefix}-*"))

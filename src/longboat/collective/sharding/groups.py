@@ -6,10 +6,19 @@ through shared memory (`longboat.comm.algorithms.shm`: the reduce-scatter and al
 of longboat's shm allreduce, on a worker thread) instead of Gloo's TCP loopback; a tensor shm
 cannot take (on a GPU, of another dtype) still goes to the backend, as does every collective
 of a group spread over nodes or on NCCL.
+
+A group over the same ranks, in the same order, as the gradient allreduce's first shm
+communicator runs on that allreduce (`ShardGroups.make`'s ``shared``): its segments and its
+worker thread, so no second set of segments is mapped. One worker runs one collective at a
+time, in the order they were queued, and every rank queues them in the same order: the
+reducer's during backward (all waited for before the step reads the gradients), sharding's
+from the training thread (all-gathers in the step or the next forward, each written before
+the forward ends; stage 2's reduce-scatters in backward, in bucket order).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
@@ -42,12 +51,15 @@ class ShardGroups:
     replicas_shm: ShmAllreduce | None = None
 
     @classmethod
-    def make(cls, degree: int) -> ShardGroups:
-        """Shard groups of ``degree`` consecutive ranks (collective: every rank, same order)."""
+    def make(cls, degree: int, shared: Sequence[object] = ()) -> ShardGroups:
+        """Shard groups of ``degree`` consecutive ranks (collective: every rank, same order).
+
+        ``shared``: the gradient allreduce's functions, one per communicator; a group over the
+        ranks of an shm one runs on it instead of mapping segments of its own (module doc)."""
         world, rank = dist.get_world_size(), dist.get_rank()
         if degree == world:
             shard = cluster.new_group()
-            return cls(degree, rank, shard, None, shared_memory(shard))
+            return cls(degree, rank, shard, None, shared_memory(shard, shared))
         shard = replicas = None
         for first in range(0, world, degree):
             group = cluster.new_group(list(range(first, first + degree)))
@@ -59,8 +71,9 @@ class ShardGroups:
                 replicas = group
         assert shard is not None and replicas is not None
         # each group's shm is built by its own ranks only: shard groups first, on every rank
-        shard_shm = shared_memory(shard)
-        return cls(degree, rank % degree, shard, replicas, shard_shm, shared_memory(replicas))
+        shard_shm = shared_memory(shard, shared)
+        replicas_shm = shared_memory(replicas, shared)
+        return cls(degree, rank % degree, shard, replicas, shard_shm, replicas_shm)
 
     def reduce_scatter(self, output: torch.Tensor, full: torch.Tensor) -> Handle:
         """Start summing ``full`` over the shard group into this rank's slice ``output``."""
@@ -91,12 +104,18 @@ class ShardGroups:
         return dist.all_reduce(tensor, group=self.replicas, async_op=True)
 
 
-def shared_memory(group: dist.ProcessGroup) -> ShmAllreduce | None:
-    """``group``'s shared-memory collectives, or None where they do not apply: one rank, a
-    backend other than Gloo, ranks on several nodes, no shared-memory directory (collective
+def shared_memory(group: dist.ProcessGroup, shared: Sequence[object] = ()) -> ShmAllreduce | None:
+    """``group``'s shared-memory collectives: the first open shm allreduce of ``shared`` over
+    the same ranks in the same order, else new ones; None where they do not apply: one rank,
+    a backend other than Gloo, ranks on several nodes, no shared-memory directory (collective
     over ``group``: every rank of it decides alike)."""
     ranks = dist.get_process_group_ranks(group)
-    if len(ranks) == 1 or dist.get_backend(group) != "gloo" or not shm_dir().is_dir():
+    if len(ranks) == 1 or dist.get_backend(group) != "gloo":
+        return None
+    for fn in shared:
+        if isinstance(fn, ShmAllreduce) and not fn.closed and fn.comm.ranks == ranks:
+            return fn
+    if not shm_dir().is_dir():
         return None
     try:
         check_one_node(group, ranks, torch.device("cpu"))
