@@ -108,6 +108,13 @@ SYNCS: dict[str, tuple[dict[str, Any], int]] = {
     "find_unused_parameters": ({"find_unused_parameters": True}, 1),
     "sharding stage 1": ({"sharding": True, "sharding_configs": {"stage": 1}}, 0),
     "sharding stage 2": ({"sharding": True, "sharding_configs": {"stage": 2}}, 0),
+    **{  # comm_overlap: the gathers wait on the stream in the next forward's hooks
+        f"sharding stage {stage}, gather in the next forward": (
+            {"sharding": True, "sharding_configs": {"stage": stage, "comm_overlap": True}},
+            0,
+        )
+        for stage in (1, 2)
+    },
 }
 
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode, "warn"

@@ -66,17 +66,23 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "local sgd k=2": ({"localsgd": True, "localsgd_configs": {"k_steps": 2}}, "single"),
     "sync batch norm": ({"sync_batch_norm": True}, "single"),
     # sharding over shard groups of one rank, averaged across the 4: each virtual rank owns the
-    # whole slice, so its all-gather and the reduce-scatter then replica sum are exact here
+    # whole slice, so its all-gather and the reduce-scatter then replica sum are exact here;
+    # by default the gather runs inside the step, with comm_overlap during the next forward
     **{
-        f"sharding stage {stage}": (
+        f"sharding stage {stage}" + (", gather in the next forward" if overlap else ""): (
             {
                 "sharding": True,
-                "sharding_configs": {"stage": stage, "sharding_degree": 1},
+                "sharding_configs": {
+                    "stage": stage,
+                    "sharding_degree": 1,
+                    **({"comm_overlap": True} if overlap else {}),
+                },
                 "fuse_grad_size_in_MB": 0.05,
             },
             "single",
         )
         for stage in (1, 2)
+        for overlap in (False, True)
     },
 }
 CONTROL = "elastic control flags"  # State.sync, its digests, any_rank: not a training run
@@ -190,6 +196,7 @@ def distributed_run(name: str, device: torch.device) -> dict[str, torch.Tensor]:
         out = dmodel(x[i].to(device), use_spare=_uses_spare(i))
         F.cross_entropy(out, y[i].to(device)).backward()
         dopt.step()
+    dmodel.settle_parameters()  # comm_overlap: the last step's gathers are still pending
     return params(model)
 
 
