@@ -1,16 +1,20 @@
 """Memory per rank under sharding (ZeRO stage 1 and 2) vs without, vs DDP + ZeroRedundancyOptimizer.
 
     python benchmarks/sharding_memory.py                 # 2 Gloo ranks on the CPU
+    python benchmarks/sharding_memory.py --algorithm topology --width 512   # shm on the CPU
     python benchmarks/sharding_memory.py --device cuda   # one GPU, 4 virtual ranks
 
 Each configuration trains an MLP with Adam for a few steps, then reports this rank's optimizer
 state, gradient and parameter bytes by tensor storage (`longboat.tools.bench.train_memory`,
 as ``longboat bench train`` counts them with sharding on), the median step time and, on a GPU,
 ``torch.cuda.memory_allocated`` after the step and its peak during one. On the CPU the ranks
-are real Gloo ranks (DDP + ``ZeroRedundancyOptimizer`` runs beside longboat); on one GPU the
-ranks are the lagging test backend's virtual ranks (``tests/_lagging_backend.py``), whose
-collectives have NCCL's stream semantics but whose values do not model distinct ranks: there
-the numbers measure memory only, not training. Prints a Markdown table for docs/sharding.md.
+are real Gloo ranks (DDP + ``ZeroRedundancyOptimizer`` runs beside longboat), and "shm MB" is
+the bytes of the run's shared-memory segments this rank maps (the allreduce's under
+``--algorithm topology``, the shard groups'; `longboat.comm.shm_segment.mapped_segments`); on
+one GPU the ranks are the lagging test backend's virtual ranks (``tests/_lagging_backend.py``),
+whose collectives have NCCL's stream semantics but whose values do not model distinct ranks:
+there the numbers measure memory only, not training. Prints a Markdown table for
+docs/sharding.md.
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ def _model(width: int, depth: int, device: torch.device) -> nn.Module:
 def _measure(system: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     import longboat as lb
     from longboat.collective.sharding.memory import storage_bytes
+    from longboat.comm.shm_segment import mapped_segments
     from longboat.tools.bench.train_memory import held_bytes
 
+    earlier = set(mapped_segments())  # an earlier system's segments stay mapped
     model = _model(args.width, args.depth, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     if system.startswith("DDP"):
@@ -58,7 +64,9 @@ def _measure(system: str, args: argparse.Namespace, device: torch.device) -> dic
         run = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
         opt = optimizer
     else:
-        strategy = lb.Strategy(fuse_grad_size_in_MB=args.bucket_mb, allreduce_algorithm="native")
+        strategy = lb.Strategy(
+            fuse_grad_size_in_MB=args.bucket_mb, allreduce_algorithm=args.algorithm
+        )
         if system.startswith("stage"):
             strategy.sharding = True
             strategy.sharding_configs = {"stage": int(system[-1])}
@@ -78,8 +86,10 @@ def _measure(system: str, args: argparse.Namespace, device: torch.device) -> dic
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated(device)
         times.append(time.perf_counter() - start)
-    state, grads = held_bytes(run, opt)
+    state, grads, _ = held_bytes(run, opt)
+    mapped = mapped_segments()
     row = {
+        "shm": sum(mapped[n] for n in set(mapped) - earlier),
         "state": state,
         "grads": grads,
         "params": storage_bytes(list(model.parameters())),
@@ -121,6 +131,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument(
+        "--algorithm",
+        default="native",
+        help="longboat's allreduce_algorithm ('topology': shared memory on one CPU node)",
+    )
     args = parser.parse_args()
     if args.device == "cpu" and not args.virtual:
         (rows, *_) = run_ranks(_cpu_rank, args.nproc, args, timeout=600)
@@ -131,11 +146,14 @@ def main() -> None:
     params = sum(
         p.numel() for p in _model(args.width, args.depth, torch.device("cpu")).parameters()
     )
-    print(f"MLP {args.depth}x{args.width}, {params / 1e6:.1f}M float32 parameters, Adam, {ranks}")
-    gpu = args.device == "cuda"
+    print(
+        f"MLP {args.depth}x{args.width}, {params / 1e6:.1f}M float32 parameters, Adam, {ranks}, "
+        f"allreduce_algorithm={args.algorithm!r}"
+    )
+    gpu, cpu = args.device == "cuda", ranks.endswith("Gloo ranks")
     head = "| system | optimizer state MB | gradients MB | parameters MB | step ms |"
-    print(head + (" allocated MB | peak MB |" if gpu else ""))
-    print("|---" * (7 if gpu else 5) + "|")
+    print(head + (" allocated MB | peak MB |" if gpu else "") + (" shm MB |" if cpu else ""))
+    print("|---" * (5 + 2 * gpu + cpu) + "|")
     for system, r in rows.items():
         line = (
             f"| {system} | {r['state'] / MB:.1f} | {r['grads'] / MB:.1f} | "
@@ -143,6 +161,8 @@ def main() -> None:
         )
         if gpu:
             line += f" {r['allocated'] / MB:.1f} | {r['peak'] / MB:.1f} |"
+        if cpu:
+            line += f" {r['shm'] / MB:.1f} |"
         print(line)
 
 
