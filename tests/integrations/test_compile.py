@@ -10,7 +10,9 @@ bucket launches after it.
 
 from __future__ import annotations
 
+import copy
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ import torch
 from torch import fx, nn
 from torch.nn import functional as F
 
-from longboat.integrations.compile_split import plan_split
+from longboat.integrations.compile_split import BucketSplitter, plan_split
 from tests._dist import run_ranks
 
 STEPS = 3
@@ -269,3 +271,11 @@ def test_a_transposed_parameter_stays_with_its_matmul() -> None:
 
     # a cut before the transpose or between it and the matmul would part w from its use
     assert _split(Head(), [["w"], ["body.weight", "body.bias"]]) == [{0, 1}]
+
+
+def test_the_bucket_splitter_survives_a_deep_copy_of_compile_arguments() -> None:
+    """Lightning replaces torch.compile with a wrapper that deep-copies its arguments; the
+    splitter reads a live model (threads, locks) and must come through as itself."""
+    live = {"lock": threading.Lock()}
+    splitter = BucketSplitter(live.copy, lambda gm, example_inputs: gm)  # copies its owner
+    assert copy.deepcopy({"backend": splitter})["backend"] is splitter

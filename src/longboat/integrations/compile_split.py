@@ -133,6 +133,11 @@ class BucketSplitter:
         self.inner = inner
         self.splits: list[tuple[frozenset[int], ...]] = []
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> BucketSplitter:
+        """Itself: a backend is called, never copied. Lightning replaces ``torch.compile``
+        with a wrapper that deep-copies its arguments, and ``bucket_of`` reads a live model."""
+        return self
+
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         split = plan_split(gm, example_inputs, self.bucket_of())
         self.splits.append(tuple(reversed(split.buckets)))
