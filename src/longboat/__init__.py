@@ -10,7 +10,12 @@ Names are imported on first use, so `import longboat` stays cheap for the CLI an
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and editors see of the names imported on first use
+    from longboat.strategy import DistributedStrategy as DistributedStrategy
+    from longboat.strategy import Strategy as Strategy
+    from longboat.strategy import StrategyError as StrategyError
 
 __version__ = "0.1.0"
 

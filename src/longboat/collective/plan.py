@@ -221,11 +221,11 @@ def resolve(strategy: Strategy, placement: Placement) -> CollectivePlan:
         amp=MappingProxyType(dict(strategy.amp_configs)) if strategy.amp else None,
         merge=_merge(strategy),
         local_sgd=_local_sgd(strategy),
-        find_unused_parameters=bool(strategy.find_unused_parameters),
-        sync_batch_norm=bool(strategy.sync_batch_norm),
-        broadcast_buffers=bool(strategy.broadcast_buffers),
-        coalesce_broadcast=bool(strategy.fuse_broadcast_ops),
-        auto=bool(strategy.auto),
+        find_unused_parameters=strategy.find_unused_parameters,
+        sync_batch_norm=strategy.sync_batch_norm,
+        broadcast_buffers=strategy.broadcast_buffers,
+        coalesce_broadcast=strategy.fuse_broadcast_ops,
+        auto=strategy.auto,
         choice=choice,
         optimizer=_optimizer(strategy),
         runtime=_runtime(strategy),
@@ -265,26 +265,26 @@ class CommChoice:
         if strategy.use_hierarchical_allreduce:
             algorithm, reason = "hierarchical", "use_hierarchical_allreduce"
         else:
-            algorithm, reason = str(strategy.allreduce_algorithm), "set by the strategy"
+            algorithm, reason = strategy.allreduce_algorithm, "set by the strategy"
         bucket = strategy.fuse_grad_size_in_MB if user_set("fuse_grad_size_in_MB") else None
         comms = strategy.nccl_comm_num if user_set("nccl_comm_num") else None
         options: dict[str, Any] = {}
         if user_set(INTER_NRANKS):
-            options["inter_nranks"] = int(getattr(strategy, INTER_NRANKS))
+            options["inter_nranks"] = strategy.hierarchical_allreduce_inter_nranks
         tunable = {
             "algorithm": not user_set("allreduce_algorithm", "use_hierarchical_allreduce"),
-            "bucket_mb": bool(strategy.fuse_all_reduce_ops) and bucket is None,
+            "bucket_mb": strategy.fuse_all_reduce_ops and bucket is None,
             "communicators": comms is None,
         }
         return cls(
             algorithm=algorithm,
             reason=reason,
-            fuse=bool(strategy.fuse_all_reduce_ops),
-            bucket_mb=None if bucket is None else float(bucket),
+            fuse=strategy.fuse_all_reduce_ops,
+            bucket_mb=bucket,
             layers_per_bucket=math.ceil(strategy.fuse_grad_size_in_TFLOPS),
-            last_bucket_mb=float(strategy.last_comm_group_size_MB),
-            communicators=None if comms is None else int(comms),
-            serial=bool(strategy.sync_nccl_allreduce),
+            last_bucket_mb=strategy.last_comm_group_size_MB,
+            communicators=comms,
+            serial=strategy.sync_nccl_allreduce,
             tunable=frozenset(name for name, free in tunable.items() if free),
             options=MappingProxyType(options),
         )
@@ -325,7 +325,7 @@ def selected_compressor(strategy: Strategy) -> Entry:
     for entry in COMPRESSORS.entries():
         if entry.switch is not None and getattr(strategy, entry.switch) is True:
             return entry
-    name = "fp16" if strategy.fp16_allreduce else str(strategy.gradient_compression)
+    name = "fp16" if strategy.fp16_allreduce else strategy.gradient_compression
     return COMPRESSORS.entry(name)
 
 
@@ -342,7 +342,7 @@ def _merge(strategy: Strategy) -> MergePlan | None:
     if not strategy.gradient_merge:
         return None
     c = strategy.gradient_merge_configs
-    return MergePlan(k_steps=int(c["k_steps"]), avg=bool(c["avg"]))
+    return MergePlan(k_steps=c["k_steps"], avg=c["avg"])
 
 
 def _local_sgd(strategy: Strategy) -> LocalSGDPlan | None:
@@ -350,8 +350,8 @@ def _local_sgd(strategy: Strategy) -> LocalSGDPlan | None:
         c = strategy.localsgd_configs
         return LocalSGDPlan(adaptive=False, k_steps=c["k_steps"], begin_step=c["begin_step"])
     if strategy.adaptive_localsgd:
-        c = strategy.adaptive_localsgd_configs
-        return LocalSGDPlan(adaptive=True, k_steps=c["init_k_steps"], begin_step=c["begin_step"])
+        a = strategy.adaptive_localsgd_configs
+        return LocalSGDPlan(adaptive=True, k_steps=a["init_k_steps"], begin_step=a["begin_step"])
     return None
 
 
@@ -361,26 +361,24 @@ def _optimizer(strategy: Strategy) -> OptimizerPlan:
     return OptimizerPlan(
         replace_with=kind,
         config=MappingProxyType(config),
-        fused_kernels=bool(strategy.fuse_all_optimizer_ops),
+        fused_kernels=strategy.fuse_all_optimizer_ops,
     )
 
 
 def _runtime(strategy: Strategy) -> RuntimeSettings:
     """Only the fields the user set: at their defaults PyTorch's own behaviour is left alone."""
 
-    def user_value(name: str) -> Any:
-        return getattr(strategy, name) if strategy.source(name) != "default" else None
+    def user_set(name: str) -> bool:
+        return strategy.source(name) != "default"
 
-    threads = user_value("num_threads")
-    cudnn = user_value("cudnn_exhaustive_search")
-    workspace = user_value("conv_workspace_size_limit")
+    s = strategy
     return RuntimeSettings(
-        num_threads=None if threads is None else int(threads),
-        cudnn_benchmark=None if cudnn is None else bool(cudnn),
-        conv_workspace_mb=None if workspace is None else int(workspace),
-        compiled_fusion=bool(
-            strategy.fuse_elewise_add_act_ops
-            or strategy.fuse_bn_act_ops
-            or strategy.fuse_relu_depthwise_conv
+        num_threads=s.num_threads if user_set("num_threads") else None,
+        cudnn_benchmark=s.cudnn_exhaustive_search if user_set("cudnn_exhaustive_search") else None,
+        conv_workspace_mb=(
+            s.conv_workspace_size_limit if user_set("conv_workspace_size_limit") else None
+        ),
+        compiled_fusion=(
+            s.fuse_elewise_add_act_ops or s.fuse_bn_act_ops or s.fuse_relu_depthwise_conv
         ),
     )

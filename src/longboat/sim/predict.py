@@ -82,7 +82,7 @@ def collective_plan(strategy: Strategy, cluster: Cluster) -> CollectivePlan:
     has no host link between the ranks."""
     node_of = [rank // cluster.devices_per_node for rank in range(cluster.world)]
     plan = resolve_plan(strategy, Placement.of(node_of, cluster.resolved_backend()))
-    by_topology = str(strategy.allreduce_algorithm) == TOPOLOGY
+    by_topology = strategy.allreduce_algorithm == TOPOLOGY
     chosen = plan.comm.algorithm
     if (
         by_topology

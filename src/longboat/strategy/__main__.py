@@ -1,5 +1,5 @@
 """``python -m longboat.strategy``: print the effective strategy, the generated field reference
-or the registered plug-ins."""
+or the registered plug-ins; refresh the generated reference and typing stub."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from longboat.strategy.core import Strategy
 from longboat.strategy.render import plugins_markdown, reference_markdown, replace_generated
+from longboat.strategy.stub import STUB_PATH, write_stub
 from longboat.strategy.values import StrategyError
 
 
@@ -21,7 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         help="print the registered allreduce algorithms and gradient compressors",
     )
     parser.add_argument(
-        "--write-docs", metavar="PATH", help="refresh the generated block of a markdown file"
+        "--write-docs",
+        metavar="PATH",
+        help="refresh the generated block of a markdown file, and the typing stub that type "
+        f"checkers and editors read ({STUB_PATH.name} in the package)",
     )
     parser.add_argument("--config", metavar="PATH", help="load a .yaml/.json strategy first")
     args = parser.parse_args(argv)
@@ -34,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_docs:
         path = Path(args.write_docs)
         path.write_text(replace_generated(path.read_text(encoding="utf-8")), encoding="utf-8")
+        write_stub()
         return 0
     try:
         strategy = Strategy.load(args.config) if args.config else Strategy()

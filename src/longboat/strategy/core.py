@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -51,6 +51,11 @@ from longboat.strategy.values import (
 )
 from longboat.strategy.views import ConfigView, GroupView, outward
 
+if TYPE_CHECKING:  # the declared fields, typed (generated from the field table)
+    from longboat.strategy.typed_fields import DeclaredFields  # pyright: ignore[reportMissingModuleSource]
+else:
+    DeclaredFields = object
+
 __all__ = [
     "ENV_FIELDS",
     "KNOWN_ENV_VARS",
@@ -71,13 +76,14 @@ class _Values(dict):  # type: ignore[type-arg]
         return value
 
 
-class Strategy:
+class Strategy(DeclaredFields):
     """Distributed-training settings, flat and typed, in the style of Fleet's DistributedStrategy.
 
     Every field of ``longboat.strategy.FIELDS`` is an attribute; ``*_configs`` fields are
     validating dict views; ``build_strategy`` / ``execution_strategy`` group views.
     Values come from defaults, then keyword arguments, then ``LONGBOAT_<FIELD>`` variables of
     ``env`` (default ``os.environ``), which stay in force over later assignments.
+    Type checkers and editors read each declared field's type from ``typed_fields.pyi``.
     """
 
     _values: dict[str, Any]
@@ -85,10 +91,14 @@ class Strategy:
     _env_locks: dict[str, str]
     _warned: set[str]
 
-    def __init__(self, *, env: Mapping[str, str] | None = None, **fields: Any) -> None:
-        """Defaults, then the launcher's ``--config`` file (LONGBOAT_CONFIG), then ``fields``,
-        then ``LONGBOAT_<FIELD>`` variables."""
-        env = os.environ if env is None else env
+    if not TYPE_CHECKING:  # type checkers read DeclaredFields.__init__: a keyword per field
+
+        def __init__(self, *, env: Mapping[str, str] | None = None, **fields: Any) -> None:
+            """Defaults, then the launcher's ``--config`` file (LONGBOAT_CONFIG), then
+            ``fields``, then ``LONGBOAT_<FIELD>`` variables."""
+            self._init(os.environ if env is None else env, fields)
+
+    def _init(self, env: Mapping[str, str], fields: Mapping[str, Any]) -> None:
         self._reset()
         self._apply(launcher_file_changes(env) + collect_changes(fields, CODE) + env_changes(env))
 

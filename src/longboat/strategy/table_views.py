@@ -87,6 +87,8 @@ class TableConfigs(ValueType):
     """``{table name: {setting: value}}``, settings normalised to ``TableParameter`` paths."""
 
     short: str = "dict[str, dict[str, value]] (table name -> settings)"
+    hint: str = "Tables"
+    input_hint: str = "Mapping[str, Mapping[str, Any]]"
 
     def check(self, value: Any) -> dict[str, dict[str, Any]]:
         if not isinstance(value, Mapping):

@@ -90,6 +90,16 @@ class ValueType:
         """The value's type in a few words (a field of some subclasses, computed by others)."""
         return "value"
 
+    @property
+    def hint(self) -> str:
+        """The Python type a read gives, as the typing stub writes it (``typed_fields.pyi``)."""
+        return "Any"
+
+    @property
+    def input_hint(self) -> str:
+        """The Python type an assignment takes, as the typing stub writes it."""
+        return self.hint
+
     def describe(self) -> str:
         """What a valid value is, for error messages."""
         return self.short
@@ -112,6 +122,7 @@ class Bool(ValueType):
     """A real ``bool``; ``1`` or ``"yes"`` are rejected from code."""
 
     short: str = "bool"
+    hint: str = "bool"
     TRUE = frozenset({"true", "1", "yes"})
     FALSE = frozenset({"false", "0", "no"})
 
@@ -142,6 +153,10 @@ class Int(ValueType):
     @property
     def short(self) -> str:
         return "int" + _range_text(self.lo, self.hi, False, False)
+
+    @property
+    def hint(self) -> str:
+        return "int"
 
     def check(self, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -176,6 +191,10 @@ class Float(ValueType):
     def short(self) -> str:
         return "float" + _range_text(self.lo, self.hi, self.lo_open, self.hi_open)
 
+    @property
+    def hint(self) -> str:
+        return "float"
+
     def check(self, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise WrongType()
@@ -203,6 +222,10 @@ class Choice(ValueType):
     def short(self) -> str:
         return "one of " + ", ".join(repr(c) for c in self.choices)
 
+    @property
+    def hint(self) -> str:
+        return "Literal[" + ", ".join(f'"{c}"' for c in self.choices) + "]"
+
     def check(self, value: Any) -> str:
         if not isinstance(value, str):
             raise WrongType()
@@ -225,6 +248,7 @@ class RegistryChoice(ValueType):
 
     options: Callable[[], Sequence[str]] = _no_options
     lazy: bool = True
+    hint: str = "str"  # the registered names change at run time
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -250,6 +274,8 @@ class OptionalPath(ValueType):
     """A file path (str or os.PathLike, stored as str), or None for off."""
 
     short: str = "path or None"
+    hint: str = "str | None"
+    input_hint: str = "str | os.PathLike[str] | None"
 
     def check(self, value: Any) -> str | None:
         if value is None:
@@ -268,6 +294,7 @@ class Str(ValueType):
     """Any string (may be empty)."""
 
     short: str = "str"
+    hint: str = "str"
 
     def check(self, value: Any) -> str:
         if not isinstance(value, str):
@@ -283,6 +310,8 @@ class StrList(ValueType):
     """A list of strings (tuples accepted; a bare string is rejected)."""
 
     short: str = "list[str]"
+    hint: str = "list[str]"
+    input_hint: str = "list[str] | tuple[str, ...]"
 
     def check(self, value: Any) -> list[str]:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
@@ -298,6 +327,8 @@ class IntList(ValueType):
     """A list of integers (tuples accepted; may be empty)."""
 
     short: str = "list[int]"
+    hint: str = "list[int]"
+    input_hint: str = "list[int] | tuple[int, ...]"
 
     def check(self, value: Any) -> list[int]:
         if not isinstance(value, list | tuple) or not all(
@@ -315,6 +346,8 @@ class FloatList(ValueType):
     """A non-empty list of numbers, each checked by ``item``."""
 
     item: Float = Float()
+    hint: str = "list[float]"
+    input_hint: str = "list[float] | tuple[float, ...]"
 
     @property
     def short(self) -> str:
@@ -352,6 +385,7 @@ class Config:
 
     keys: tuple[KeySpec, ...]
     short: str = "dict"
+    input_hint: str = "Mapping[str, Any]"  # read: a view of its own (``typed_fields.pyi``)
 
     def key(self, name: str) -> KeySpec | None:
         """The spec of key ``name``, or None."""
@@ -382,6 +416,8 @@ class SubConfig(ValueType):
     them over the current values, as Paddle does."""
 
     config: Config = Config(())
+    hint: str = "SubConfigView"
+    input_hint: str = "Mapping[str, Any]"
 
     @property
     def short(self) -> str:

@@ -36,12 +36,12 @@ class ShardingPlan:
             return None
         c = strategy.sharding_configs
         return cls(
-            stage=int(c["stage"]),
-            degree=int(c["sharding_degree"]),
-            dp_degree=int(c["dp_degree"]),
-            overlap=bool(c["comm_overlap"]),
+            stage=c["stage"],
+            degree=c["sharding_degree"],
+            dp_degree=c["dp_degree"],
+            overlap=c["comm_overlap"],
             units=tuple(c["units"]),
-            offload=bool(c["offload"]),
+            offload=c["offload"],
         )
 
     def describe(self, degree: int) -> str:

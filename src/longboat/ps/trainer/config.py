@@ -51,8 +51,8 @@ class PSConfig:
     @classmethod
     def from_strategy(cls, strategy: Strategy, **overrides: Any) -> PSConfig:
         c = strategy.a_sync_configs
-        k = int(c["k_steps"])
-        chosen = str(c.get("mode", "auto"))
+        k = c["k_steps"]
+        chosen = c["mode"]
         if chosen != "auto":  # a registered mode by name (the Strategy checked the name)
             mode = chosen
         elif not strategy.a_sync:
@@ -69,10 +69,10 @@ class PSConfig:
         cfg = cls(
             mode=mode,
             k_steps=k,
-            update_on_server=bool(c["update_on_server"]),
-            max_merge=int(c["max_merge_var_num"]),
-            queue_size=int(c["send_queue_size"]),
-            wait_times=int(c["send_wait_times"]),
+            update_on_server=c["update_on_server"],
+            max_merge=c["max_merge_var_num"],
+            queue_size=c["send_queue_size"],
+            wait_times=c["send_wait_times"],
             recovery_window=2 * checkpoint_every(),  # used where the mode is recoverable
             trace=TraceConfig.of(strategy),
             recompute=RecomputeConfig.of(strategy.recompute, strategy.recompute_configs),
