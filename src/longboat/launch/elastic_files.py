@@ -10,6 +10,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from longboat.comm.shm_segment import pid_alive
 from longboat.elastic.membership import clear_round_files
 from longboat.launch.elastic_agent import elastic_directory
 from longboat.launch.spec import LaunchSpec
@@ -30,16 +31,6 @@ def copy_directory(spec: LaunchSpec) -> Path:
     return elastic_directory(spec.log_dir) / "copies"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_orphans(root: Path = _SHM) -> int:
     """Remove the copy directories of this user's launchers that are gone (killed without a
     chance to clean up); how many were removed."""
@@ -47,7 +38,7 @@ def remove_orphans(root: Path = _SHM) -> int:
     with contextlib.suppress(OSError):
         for path in root.glob(f"{_own_prefix()}*"):
             pid = path.name.rpartition("-")[2]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(path, ignore_errors=True)
                 removed += 1
     return removed
