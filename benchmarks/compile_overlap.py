@@ -8,7 +8,8 @@ spans of backward: the ``loss.backward()`` call (until it returns, the wait for 
 allreduces included), and the autograd pass alone (from the first gradient of the output, a
 hook on it, to the reducer's end-of-backward callback: compute only). Reported per way of
 running, as the median over the steps after the first (which compiles): eager; ``lb.compile``
-after ``lb.distribute``; ``torch.compile`` before it (longboat recompiles it cut at the
+after ``lb.distribute``; ``model.compile()`` on the model it returns (the same cut graph);
+``torch.compile`` before it (longboat recompiles it cut at the
 buckets); and plain ``torch.compile`` of the distributed model, which loses overlap.
 """
 
@@ -22,7 +23,13 @@ from typing import Any
 import torch
 from torch import nn
 
-WAYS = ("eager", "lb.compile after", "torch.compile before", "plain torch.compile after")
+WAYS = (
+    "eager",
+    "lb.compile after",
+    "model.compile() after",
+    "torch.compile before",
+    "plain torch.compile after",
+)
 
 
 class _Clock:
@@ -82,6 +89,8 @@ def rank_main(args: argparse.Namespace) -> dict[str, list[tuple[float, float]]] 
         runs: Any = dmodel
         if way == "lb.compile after":
             lb.compile(dmodel)
+        elif way == "model.compile() after":
+            dmodel.compile()
         elif way == "plain torch.compile after":
             runs = torch.compile(dmodel)
         clock = _Clock()
