@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.elastic._cluster import local_cluster
-from tests.elastic.test_elastic_launch import _check_against_replay, _records
+from tests.elastic.test_elastic_crash import crash, starts_of
+from tests.elastic.test_elastic_launch import _check_against_replay
 
 pytestmark = pytest.mark.slow  # slow tier: launchers on this machine, ranks and nodes killed
 
@@ -85,33 +85,15 @@ def test_a_random_fault_loses_no_commit_and_training_equals_the_replay(
     seed: int, tmp_path: Path
 ) -> None:
     fault = draw(seed)
-    digests = tmp_path / "digests"
-    digests.mkdir()
-    with local_cluster(
-        tmp_path,
-        f"2:{NODES}",
-        ("--max-restarts", "2"),
-        PROBE_OUT=tmp_path / "out.json",
-        PROBE_SLEEP=0.05,
-        PROBE_SAMPLES=SAMPLES,
-        PROBE_DIGESTS=digests,
-        PROBE_KILL=fault.kill,
-    ) as cluster:
-        for _ in range(NODES):
-            cluster.start()
-        ends = cluster.wait(timeout=240)
-        pid_dir = cluster.pid_dir
+    ends, records = crash(tmp_path, NODES, fault.kill, min_nodes=2, samples=SAMPLES)
+    pid_dir = tmp_path / "pids"
     where = f"seed {seed}: {fault.kind} ({fault.kill})"
     for node, (code, console) in enumerate(ends):
         if node == fault.whole_node:
             continue
         assert code == 0, f"{where}: node {node} ended with {code}\n{console[-3000:]}"
-    records = _records(digests)
-    starts: dict[int, int] = {}
-    for line in records:
-        if not line.get("final"):
-            starts.setdefault(line["pid"], line["commits"])
-    assert sorted(starts.values()).count(0) == NODES, f"{where}: trained from scratch {starts}"
+    starts = starts_of(records)
+    assert starts.count(0) == NODES, f"{where}: trained from scratch {starts}"
     logs = "".join(p.read_text() for p in tmp_path.glob("node*/workerlog.*"))
     assert "trained again" not in logs, f"{where}: committed steps were lost"
     _check_against_replay(json.loads((tmp_path / "out.json").read_text()), SAMPLES)

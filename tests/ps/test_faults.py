@@ -245,7 +245,7 @@ def test_periodic_checkpoints_hold_the_values_of_their_step(tmp_path: Path) -> N
             kv.push("w", torch.ones(4))
             values.append(kv.pull("w"))
         kv.close()
-    assert checkpoint.steps_saved(tmp_path, 0) == [2, 4]
+    assert checkpoint.steps_saved(tmp_path, 0) == [0, 2, 4]  # the initial values, then each period
     saved = checkpoint.load(tmp_path, 0, 4)
     assert saved is not None and torch.equal(saved["blocks"]["kv:w/0"]["value"], values[3])
 

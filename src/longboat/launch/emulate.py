@@ -24,9 +24,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
+from longboat.console import table_console
 from longboat.launch import faults, netns
 from longboat.launch.emulate_args import DEFAULT_PORT as DEFAULT_PORT
 from longboat.launch.emulate_args import add_arguments
@@ -279,10 +279,7 @@ def print_topology(plan: Plan) -> None:
             n.ifname,
             n.bridge_port,
         )
-    console = Console(stderr=True)
-    if not console.is_terminal and "COLUMNS" not in os.environ:  # a log file: do not squeeze
-        console = Console(stderr=True, width=160)
-    console.print(table)
+    table_console(stderr=True).print(table)
 
 
 # ---------------------------------------------------------------- signals

@@ -212,8 +212,9 @@ def limits_line(report: dict[str, Any]) -> str:
 
 def render(report: dict[str, Any]) -> None:
     """One row per (algorithm, size): time, algbw, busbw and the time ratio to raw Gloo."""
-    from rich.console import Console
     from rich.table import Table
+
+    from longboat.console import table_console
 
     table = Table(
         title=f"allreduce, {plural(report['world_size'], 'rank')} on "
@@ -235,7 +236,7 @@ def render(report: dict[str, Any]) -> None:
                 f"{ratio:.2f}",
             )
         table.add_section()
-    console = Console()
+    console = table_console()
     console.print(table)
     console.print(limits_line(report))
 

@@ -126,8 +126,9 @@ SHORT_HEADS = {
 def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
     """The rows as a table that fits a 100-column terminal (cells wrap, never cut) and a legend
     line for the ratio columns; with sharding, the sharding table after it."""
-    from rich.console import Console
     from rich.table import Table
+
+    from longboat.console import table_console
 
     first = rows[0]
     table = Table(
@@ -148,7 +149,7 @@ def render(model: str, rows: Sequence[dict[str, Any]]) -> None:
             f"{r['data_fraction']:.0%}" + (" INPUT-BOUND" if r["input_bound"] else ""),
             *(_ratio(r.get(key), "{:.3f}") for _, key, _ in RATIO_COLUMNS),
         )
-    console = Console()
+    console = table_console()
     console.print(table)
     console.print(LEGEND, highlight=False)
     shards = sharding_table(rows)
