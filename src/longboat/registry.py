@@ -250,6 +250,9 @@ COMPRESSORS: Registry[Callable] = Registry("gradient compressor", "longboat.comm
 """Gradient compressors ``(inner, group, config) -> AllreduceFn``:
 ``Strategy.gradient_compression`` (or their ``switch`` field) and ``<name>_configs``."""
 
+PS_MODES: Registry[type] = Registry("parameter-server mode", "longboat.ps.trainer.modes")
+"""Parameter-server modes (`longboat.ps.trainer.modes.Mode` classes): ``a_sync_configs['mode']``."""
+
 
 def auto_candidates(ranks: int, nodes: int) -> list[Entry[Callable]]:
     """The allreduce algorithms the automatic choice tries on ``ranks`` ranks over ``nodes``

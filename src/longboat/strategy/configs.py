@@ -6,6 +6,7 @@ each compressor declares its own with its registration (``longboat.registry.COMP
 
 from __future__ import annotations
 
+from longboat.strategy.registered import ps_mode_names
 from longboat.strategy.values import (
     Bool,
     Choice,
@@ -19,14 +20,6 @@ from longboat.strategy.values import (
     StrList,
     SubConfig,
 )
-
-
-def ps_mode_names() -> list[str]:
-    """``auto`` and the registered parameter-server modes (``a_sync_configs['mode']``)."""
-    from longboat.ps.trainer.modes import names
-
-    return ["auto", *names()]
-
 
 AMP_CONFIGS = Config(
     (

@@ -1,4 +1,5 @@
-"""What the Strategy takes from the registries: the valid algorithm and compressor names, and
+"""What the Strategy takes from the registries: the valid algorithm, compressor and
+parameter-server mode names, and
 one ``<name>_configs`` field per gradient compressor that declares a config.
 
 Nothing here loads a registry's built-in entries at import; they load on first use.
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
-from longboat.registry import ALGORITHMS, COMPRESSORS, Entry
+from longboat.registry import ALGORITHMS, COMPRESSORS, PS_MODES, Entry
 from longboat.strategy.spec import FieldSpec, implemented
 from longboat.strategy.values import Config
 
@@ -25,6 +26,11 @@ def compressor_names() -> list[str]:
     """Compressors selected by name (valid ``gradient_compression`` values); those with a
     ``switch`` are selected by their own bool field instead."""
     return sorted(e.name for e in COMPRESSORS.entries() if e.switch is None)
+
+
+def ps_mode_names() -> list[str]:
+    """``auto`` and the registered parameter-server modes (``a_sync_configs['mode']``)."""
+    return ["auto", *PS_MODES.names()]
 
 
 def config_field(entry: Entry) -> FieldSpec:

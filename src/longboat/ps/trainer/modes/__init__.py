@@ -33,7 +33,7 @@ import torch
 from longboat.ps.trainer.config import PSConfig
 from longboat.ps.trainer.params import DenseParams, wait_all
 from longboat.ps.trainer.sparse import SparseLookups
-from longboat.registry import Registry
+from longboat.registry import PS_MODES, Registry
 
 __all__ = ["Exchange", "Mode", "ModeContext", "StepCost", "get", "names", "register", "wait_all"]
 
@@ -116,8 +116,9 @@ class Mode:
         """Stop background work (after ``flush``)."""
 
 
-# the built-in modes: every module of this folder (a new one is one file here, nothing else)
-_MODES: Registry[type[Mode]] = Registry("parameter-server mode", __name__)
+# the built-in modes: every module of this folder (a new one is one file here, nothing else);
+# the registry lives in longboat.registry, where the Strategy reads the names without this
+_MODES: Registry[type[Mode]] = PS_MODES
 register = _MODES.register  # class decorator: selectable as PSConfig.mode = name
 names = _MODES.names
 get = _MODES.get
