@@ -20,7 +20,9 @@ def dense_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if name == "adam":
         return torch.optim.Adam(model.parameters(), lr=1e-3)
-    return torch.optim.Adagrad(model.parameters(), lr=0.05)
+    # a non-zero start of the squared-gradient sum: with 0, a gradient that is 0 in one
+    # summation order and 1e-9 in another moves the weight by a whole lr (ill-conditioned)
+    return torch.optim.Adagrad(model.parameters(), lr=0.05, initial_accumulator_value=0.1)
 
 
 def ps_strategy(**fields: Any) -> lb.Strategy:

@@ -26,9 +26,16 @@ SPARSE_CASES = ["sgd", "adagrad", "adam"]
 
 
 def _reference(opt_name: str) -> dict[str, torch.Tensor]:
+    """Single-process training on the global batch, on one intra-op thread whatever an earlier
+    test in this process set (Lightning sets the thread count from the cores it sees)."""
     cfg = W.Config(optimizer="adam" if opt_name == "adam" else "sgd")
     model = W.build_model(cfg, seed=0)
-    return W.train_global_batch(model, T.dense_optimizer(opt_name, model), cfg, WORLD)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return W.train_global_batch(model, T.dense_optimizer(opt_name, model), cfg, WORLD)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], case: str) -> None:
