@@ -4,7 +4,9 @@ On this machine (``nproc`` local ranks, `longboat.tools.bench.comm`'s measuremen
 backend's allreduce gives the intra-node link (``t = 2 alpha + S / rate`` for two ranks),
 ``ring`` and ``shm`` their corrections (overhead per call, bandwidth efficiency, shm passes),
 the memory-copy limit the memory bandwidth, concurrent matrix products the effective number of
-cores (``compute.shared_host_cores``: ranks beyond it share the cores). With ``emulate_rate`` (root): two emulated nodes of
+cores (``compute.shared_host_cores``: ranks beyond it share the cores), and sharding stage 3's
+costs (the backend's all-gather and reduce-scatter, FSDP2's host work:
+`longboat.sim.calibrate_fsdp`). With ``emulate_rate`` (root): two emulated nodes of
 two ranks (`longboat emulate`) give the inter-node link's latency and payload efficiency
 (``rate / tc rate``), hierarchical's corrections, and how fast compute runs when all four ranks
 share this host under the launcher (the effective cores, replacing the measurement without it). Every fit is least squares of
@@ -172,7 +174,10 @@ def with_emulated_link(local: Cluster, report: Mapping[str, Any], rate: str) -> 
 def calibrate(nproc: int = 2, emulate_rate: str | None = None, repeats: int = 5) -> Cluster:
     """Measure and fit; the result is a cluster of this machine (two emulated nodes with
     ``emulate_rate``)."""
+    from longboat.sim import calibrate_fsdp
+
     local = local_cluster(measure_local(nproc, repeats))
+    local = calibrate_fsdp.with_fsdp2(local, calibrate_fsdp.measure(nproc, repeats))
     if emulate_rate is None:
         return local
     return with_emulated_link(local, measure_emulated(emulate_rate, repeats), emulate_rate)

@@ -17,6 +17,8 @@ A cluster file (every key optional except ``nodes`` and ``devices_per_node``)::
     memory_bandwidth: 900GB/s    # default: the device's
     ps: {servers: 4, bandwidth: 25Gb/s, latency: 20us}
     algorithms: {ring: {bandwidth_efficiency: 0.8, overhead: 50us}}
+    collectives: {reduce_scatter: {bandwidth_efficiency: 0.3, overhead: 200us}}  # and all_gather
+    fsdp2: {step_overhead: 1ms, unit_overhead: 2ms, param_overhead: 50us}  # sharding stage 3
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import yaml
 from longboat.sim.cluster_read import default_intra, from_dict
 from longboat.sim.cluster_types import (
     BACKENDS,
+    COLLECTIVES,
     DEFAULT_WORKER_RATE,
     GPU_LINKS,
     HOST_DEVICES,
@@ -36,12 +39,14 @@ from longboat.sim.cluster_types import (
     AlgorithmCost,
     Cluster,
     ClusterError,
+    Fsdp2Cost,
     Link,
     PsServers,
 )
 
 __all__ = [
     "BACKENDS",
+    "COLLECTIVES",
     "DEFAULT_WORKER_RATE",
     "GPU_LINKS",
     "HOST_DEVICES",
@@ -50,6 +55,7 @@ __all__ = [
     "AlgorithmCost",
     "Cluster",
     "ClusterError",
+    "Fsdp2Cost",
     "Link",
     "PsServers",
     "default_intra",

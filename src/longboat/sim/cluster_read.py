@@ -10,12 +10,14 @@ from longboat.registry import ALGORITHMS as REGISTERED
 from longboat.sim import devices
 from longboat.sim.cluster_types import (
     BACKENDS,
+    COLLECTIVES,
     HOST_DEVICES,
     INTRA_KINDS,
     PCIE_LATENCY,
     AlgorithmCost,
     Cluster,
     ClusterError,
+    Fsdp2Cost,
     Link,
     PsServers,
 )
@@ -35,6 +37,8 @@ _TOP = {
     "input",
     "ps",
     "algorithms",
+    "collectives",
+    "fsdp2",
 }
 _COMPUTE = {
     "efficiency",
@@ -51,6 +55,7 @@ _INTER = {"bandwidth", "latency", "nics_per_node", "efficiency", "gpudirect"}
 _PS = {"servers", "bandwidth", "latency", "nics_per_node", "efficiency"}
 _INPUT = {"samples_per_s", "workers", "worker_samples_per_s"}
 _ALGORITHM = {"bandwidth_efficiency", "overhead"}
+_FSDP2 = {"step_overhead", "unit_overhead", "param_overhead"}
 _EXTRAS = ("jitter", "contention", "device_spread")
 
 
@@ -217,6 +222,26 @@ def _algorithm(name: str, cost: Any, where: str) -> AlgorithmCost:
     return AlgorithmCost(eff, _time(cost.get("overhead", 0.0), f"{where}.overhead"))
 
 
+def _collectives(data: Mapping[str, Any], where: str) -> dict[str, AlgorithmCost]:
+    out = {}
+    for name, cost in data.items():
+        if name not in COLLECTIVES:
+            raise ClusterError(f"{where}: {name!r} is not one of {', '.join(COLLECTIVES)}")
+        _check_keys(cost, _ALGORITHM, f"{where}.{name}")
+        eff = _positive(
+            cost.get("bandwidth_efficiency", 1.0), f"{where}.{name}.bandwidth_efficiency"
+        )
+        out[name] = AlgorithmCost(eff, _time(cost.get("overhead", 0.0), f"{where}.{name}.overhead"))
+    return out
+
+
+def _fsdp2(data: Any, where: str) -> Fsdp2Cost | None:
+    if data is None:
+        return None
+    _check_keys(data, _FSDP2, where)
+    return Fsdp2Cost(**{k: _time(data.get(k, 0.0), f"{where}.{k}") for k in sorted(_FSDP2)})
+
+
 def _inter(data: Any, where: str, default: Link) -> Link:
     if data is None:
         return default
@@ -345,6 +370,8 @@ def from_dict(data: Mapping[str, Any], where: str = "cluster") -> Cluster:
         **_input(data.get("input"), f"{where}.input"),
         "ps": _ps(data.get("ps"), f"{where}.ps"),
         "algorithms": _algorithms(data.get("algorithms") or {}, f"{where}.algorithms"),
+        "collectives": _collectives(data.get("collectives") or {}, f"{where}.collectives"),
+        "fsdp2": _fsdp2(data.get("fsdp2"), f"{where}.fsdp2"),
         "memory_bandwidth": _set(data, "memory_bandwidth", where, _rate),
         "shm_passes": _positive(
             data.get("shm_passes", 3.0), f"{where}.shm_passes", "a positive number"

@@ -72,6 +72,27 @@ class AlgorithmCost:
     overhead: float = 0.0
 
 
+#: the collectives `Cluster.collectives` corrects, against the alpha-beta rule (`sim.cost`)
+COLLECTIVES = ("all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True)
+class Fsdp2Cost:
+    """FSDP2's host work per training step beyond its collectives' link time and copies
+    (`longboat sim calibrate` measures it on CPU ranks): a fixed part, a part per unit
+    (``fully_shard`` call holding parameters) and a part per parameter tensor."""
+
+    step_overhead: float = 0.0
+    unit_overhead: float = 0.0
+    param_overhead: float = 0.0
+
+    def seconds(self, units: int, params: int) -> float:
+        """One step's host work for ``units`` units holding ``params`` parameter tensors."""
+        if units == 0:
+            return 0.0
+        return self.step_overhead + units * self.unit_overhead + params * self.param_overhead
+
+
 @dataclass(frozen=True)
 class PsServers:
     servers: int
@@ -91,6 +112,8 @@ class Cluster:
     shared_host_cores: float = 0.0
     ps: PsServers | None = None
     algorithms: Mapping[str, AlgorithmCost] = field(default_factory=dict)
+    collectives: Mapping[str, AlgorithmCost] = field(default_factory=dict)  # COLLECTIVES
+    fsdp2: Fsdp2Cost | None = None  # None: not calibrated
     device_spec: Device | None = None  # a described device, or a table one with overrides
     backend: str = "auto"
     precision: str = "fp32"  # what non-AMP compute runs in: fp32 or tf32
@@ -150,6 +173,10 @@ class Cluster:
 
     def cost(self, algorithm: str) -> AlgorithmCost:
         return self.algorithms.get(algorithm, AlgorithmCost())
+
+    def collective_cost(self, name: str) -> AlgorithmCost:
+        """The calibrated correction of ``name`` (one of `COLLECTIVES`), else none."""
+        return self.collectives.get(name, AlgorithmCost())
 
     @property
     def node_input_rate(self) -> float | None:
@@ -213,6 +240,10 @@ class Cluster:
             out["ps"] = {"servers": self.ps.servers} | ps
         if self.algorithms:
             out["algorithms"] = {k: dataclasses.asdict(v) for k, v in self.algorithms.items()}
+        if self.collectives:
+            out["collectives"] = {k: dataclasses.asdict(v) for k, v in self.collectives.items()}
+        if self.fsdp2 is not None:
+            out["fsdp2"] = dataclasses.asdict(self.fsdp2)
         return out
 
 

@@ -13,7 +13,9 @@ collectives in flight at the same moment, see `longboat.sim.timeline`):
 * ``shm`` (one node): ``shm_passes * S * L`` bytes through the memory bandwidth.
 
 Across nodes the ring's link is ``min(intra rate, inter rate * min(NICs, L))`` (one ring per
-NIC). Calibrated per-algorithm corrections add a fixed overhead per call and scale bandwidth.
+NIC). Calibrated per-algorithm corrections add a fixed overhead per call and scale bandwidth;
+so do the calibrated corrections of the backend's own all-gather and reduce-scatter
+(`all_gather_tensor`, `reduce_scatter_tensor`: FSDP2's collectives at sharding stage 3).
 
 These alpha-beta rules are the Gloo backend's (CPU ranks, calibrated by `longboat sim
 calibrate`). With NCCL (GPU devices) ``native`` and ``ring`` follow NCCL's own cost model
@@ -226,6 +228,30 @@ def allgather(nbytes_per_rank: float, cluster: Cluster) -> Parts:
         return 0.0, 0.0
     alpha, rate = flat_link(cluster)
     return (n - 1) * alpha, (n - 1) * nbytes_per_rank / rate
+
+
+def _corrected(parts: Parts, cluster: Cluster, name: str) -> Parts:
+    lat, bw = parts
+    correction = cluster.collective_cost(name)
+    return lat + correction.overhead, bw / correction.bandwidth_efficiency
+
+
+def all_gather_tensor(nbytes_per_rank: float, cluster: Cluster) -> Parts:
+    """The backend's own all-gather into one tensor (``all_gather_into_tensor``, as FSDP2
+    issues it): `allgather` with the cluster's calibrated ``all_gather`` correction."""
+    if cluster.world <= 1 or nbytes_per_rank <= 0:
+        return 0.0, 0.0
+    return _corrected(allgather(nbytes_per_rank, cluster), cluster, "all_gather")
+
+
+def reduce_scatter_tensor(nbytes: float, cluster: Cluster) -> Parts:
+    """The backend's own reduce-scatter of ``nbytes`` (the whole tensor; ``reduce_scatter_tensor``,
+    as FSDP2 issues it): half its allreduce, with the cluster's calibrated ``reduce_scatter``
+    correction (Gloo's costs more than half its allreduce on CPU ranks)."""
+    if cluster.world <= 1 or nbytes <= 0:
+        return 0.0, 0.0
+    lat, bw = allreduce(nbytes, cluster)
+    return _corrected((lat / 2, bw / 2), cluster, "reduce_scatter")
 
 
 def candidates(cluster: Cluster) -> list[str]:

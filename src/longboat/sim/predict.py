@@ -62,6 +62,7 @@ class Prediction:
     straggler_s: float = 0.0  # waiting for the slowest rank, per step
     contention_s: float = 0.0  # backward slowed by the collectives beside it, per step
     input_wait_s: float = 0.0  # waiting for the input pipeline, per step
+    host_overhead_s: float = 0.0  # the sharding engine's own host work (FSDP2 on CPU ranks)
     memory: dict[str, int] = field(default_factory=dict)  # bytes per rank (`sim.sharding`)
 
     @property

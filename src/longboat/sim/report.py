@@ -54,10 +54,17 @@ def cluster_summary(cl: Cluster, path: str) -> None:
     table.add_row("memory bandwidth", human_rate(cl.mem_bw))
     table.add_row("shm passes", f"{cl.shm_passes:.2f}")
     table.add_row("effective cores (shared host)", f"{cl.shared_host_cores:.2f}")
-    for name, c in cl.algorithms.items():
+    for name, c in [*cl.algorithms.items(), *cl.collectives.items()]:
         table.add_row(
             f"{name}",
             f"bandwidth x {c.bandwidth_efficiency:.3f}, +{human_time(c.overhead)} per call",
+        )
+    if cl.fsdp2 is not None:
+        f = cl.fsdp2
+        table.add_row(
+            "FSDP2 host work",
+            f"{human_time(f.step_overhead)} per step, +{human_time(f.unit_overhead)} per unit, "
+            f"+{human_time(f.param_overhead)} per parameter",
         )
     _console().print(table)
 
@@ -76,6 +83,7 @@ def breakdown(prof: Profile, cl: Cluster, p: Prediction) -> None:
         ("slowed by collectives beside it", p.contention_s),
         ("exposed communication", p.exposed_comm_s),
         ("optimizer", p.optimizer_s),
+        ("FSDP2's host work (hooks, per unit)", p.host_overhead_s),
         ("waiting for the slowest rank", p.straggler_s),
         ("waiting for input", p.input_wait_s),
     ]

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from longboat.collective.plan import CollectivePlan
 from longboat.sim import cost
-from longboat.sim.cluster import Cluster
+from longboat.sim.cluster import Cluster, Fsdp2Cost
 from longboat.sim.profile import Profile
 from longboat.sim.sharding import STATE_PER_PARAM
 from longboat.sim.stage3_units import unit_params
@@ -49,6 +49,7 @@ class Piece:
     """One unit (or the root) as the step meets it."""
 
     numel: int
+    tensors: int  # parameter tensors
     stored_bytes: int  # its parameters as the profile stores them (the shards' dtype)
     gather_bytes: int  # the whole parameters in the compute dtype
     reduce_bytes: int  # the whole gradients in the reduce dtype
@@ -67,17 +68,27 @@ class Stage3:
     group: Cluster  # one shard group
     replica_group: Cluster | None  # the ranks holding the same shard (HSDP), or None
     overlap: bool  # GPUs: collectives beside compute; CPU ranks: every collective blocks
+    host: Fsdp2Cost | None = None  # FSDP2's calibrated host work (CPU ranks), None: not priced
+
+    def host_s(self) -> float:
+        """FSDP2's host work in one micro-step beyond its collectives and copies: on CPU ranks,
+        as calibrated (per step, per unit holding parameters, per parameter tensor); on GPUs
+        it runs ahead of the device and is not priced."""
+        if self.overlap or self.host is None:
+            return 0.0
+        held = [p for p in (self.root, *self.units) if p.numel]
+        return self.host.seconds(len(held), sum(p.tensors for p in held))
 
     def gather_s(self, piece: Piece) -> float:
         if piece.gather_bytes == 0:
             return 0.0
-        return sum(cost.allgather(piece.gather_bytes / self.degree, self.group))
+        return sum(cost.all_gather_tensor(piece.gather_bytes / self.degree, self.group))
 
     def scatter_s(self, piece: Piece) -> float:
-        """The reduce-scatter (half an allreduce), then the HSDP allreduce of the shard."""
+        """The reduce-scatter, then the HSDP allreduce of the shard."""
         if piece.reduce_bytes == 0:
             return 0.0
-        seconds = sum(cost.allreduce(piece.reduce_bytes, self.group)) / 2
+        seconds = sum(cost.reduce_scatter_tensor(piece.reduce_bytes, self.group))
         if self.replica_group is not None:
             shard = piece.reduce_bytes / self.degree
             seconds += sum(cost.allreduce(shard, self.replica_group))
@@ -199,7 +210,13 @@ def stage3(profile: Profile, cluster: Cluster, plan: CollectivePlan) -> Stage3:
         reduce_dtype = policy.reduce_dtype or compute
         reduce = numel * reduce_dtype.itemsize if reduce_dtype is not None else stored
         return Piece(
-            numel, stored, gather, reduce, profile.forward_s * share, profile.backward_s * share
+            numel,
+            len(params),
+            stored,
+            gather,
+            reduce,
+            profile.forward_s * share,
+            profile.backward_s * share,
         )
 
     pieces = [piece(g, s) for g, s in zip(groups, shares, strict=True)]
@@ -213,6 +230,7 @@ def stage3(profile: Profile, cluster: Cluster, plan: CollectivePlan) -> Stage3:
         group=group,
         replica_group=replica_group(cluster, degree) if policy.replicas > 1 else None,
         overlap=cluster.is_gpu,
+        host=cluster.fsdp2,
     )
 
 
@@ -250,12 +268,20 @@ def simulate_stage3(
     copies = ((merge - 1) * step.copied_bytes(False) + step.copied_bytes(True)) / cluster.mem_bw
     optimizer = profile.optimizer_s / step.degree
     compute = profile.forward_s + profile.backward_s
+    overhead = merge * step.host_s()
     cycle = (merge - 1) * step.micro_step_s(False) + step.micro_step_s(True) + copies + optimizer
     exposed = cycle - merge * compute - copies - optimizer
+    cycle += overhead
     memory, host = step.memory(merge, plan.sharding.offload)
     notes.append(_note(step))
     if not step.overlap:
         notes.append("CPU ranks: FSDP2 runs every collective synchronously, nothing overlaps")
+        missing = [what for what, known in _CALIBRATED if not known(cluster)]
+        if missing:
+            notes.append(
+                f"not calibrated on this cluster: {' and '.join(missing)}; `longboat sim "
+                "calibrate` measures them (without, stage 3 on CPU ranks is predicted too fast)"
+            )
     if host:
         notes.append(
             f"offload: {host / 2**20:.1f} MB of shards per rank in host memory; the host-device "
@@ -273,6 +299,7 @@ def simulate_stage3(
         compute_s=compute + copies / merge,
         exposed_comm_s=max(0.0, exposed) / merge,
         optimizer_s=optimizer / merge,
+        host_overhead_s=overhead / merge,
         comm_s=comm / merge,
         buckets=len(step.units) + (1 if step.root.numel else 0),
         bytes_sent=int(sent / merge),
@@ -280,6 +307,12 @@ def simulate_stage3(
         notes=tuple(notes),
         memory=memory,
     )
+
+
+_CALIBRATED = (
+    ("FSDP2's host work per unit", lambda c: c.fsdp2 is not None),
+    ("Gloo's all-gather and reduce-scatter", lambda c: len(c.collectives) == 2),
+)
 
 
 def _note(step: Stage3) -> str:
