@@ -142,18 +142,9 @@ def _lost(step: ShardOptimizer, missing: list[Segment], shards: list[dict[str, i
     count = sum(b - a for _, a, b in missing)
     shown = ", ".join(f"{names[p]}[{a}:{b}]" for p, a, b in missing[:3])
     more = f" and {len(missing) - 3} more ranges" if len(missing) > 3 else ""
-    where = "held only by ranks that left"
-    if shards:
-        world, degree = shards[0]["world"], shards[0]["degree"]
-        gone = sorted(set(range(degree)) - {s["index"] for s in shards})
-        ranks = [r for r in range(world) if r % degree in gone]
-        where = (
-            f"shard{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of {degree}, "
-            f"held only by rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
-            f"of the previous {world}-rank world, which left"
-        )
     return (
-        f"the sharded optimizer state of {count} elements ({shown}{more}) is lost: {where}, "
+        f"the sharded optimizer state of {count} elements ({shown}{more}) is lost: "
+        f"{lost_where(shards)}, "
         "and no rank of this world holds a copy. Training on would restart their optimizer "
         "state from zero, so the job stops here. Recover from the last sharded checkpoint: "
         "restart the job and load it at any world size (lb.load_sharded_checkpoint(directory, "
@@ -161,4 +152,20 @@ def _lost(step: ShardOptimizer, missing: list[Segment], shards: list[dict[str, i
         "checkpoint_every=N) and its load_checkpoint()). To survive losing a node in memory, "
         "set sharding_configs['sharding_degree'] to the ranks per node or fewer: every other "
         "node then holds a copy of each shard"
+    )
+
+
+def lost_where(shards: list[dict[str, int]]) -> str:
+    """Which shards left and which ranks of the previous world held them, from the ``shard``
+    entries (world, rank, degree, index) of the ranks that still hold state (shard groups of
+    consecutive ranks' indices: rank % degree)."""
+    if not shards:
+        return "held only by ranks that left"
+    world, degree = shards[0]["world"], shards[0]["degree"]
+    gone = sorted(set(range(degree)) - {s["index"] for s in shards})
+    ranks = [r for r in range(world) if r % degree in gone]
+    return (
+        f"shard{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of {degree}, "
+        f"held only by rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+        f"of the previous {world}-rank world, which left"
     )

@@ -1,10 +1,11 @@
 """Snapshots of nested state (dicts, lists, tensors, plain values) into buffers kept from one
 snapshot to the next: `State`'s in-memory commit, and the host copy its node keeps
-(`longboat.elastic.node_copy`)."""
+(`longboat.elastic.node_copy`); `hash_tree`, bit for bit, for `State.digest`."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
 
 import torch
@@ -78,3 +79,34 @@ def clone(node: Any) -> Any:
     if isinstance(node, tuple):
         return tuple(clone(v) for v in node)
     return copy.deepcopy(node)
+
+
+def hash_tree(node: Any) -> int:
+    """A signed 64-bit hash of a nested state: tensors by dtype, shape and bytes, dict entries
+    in key order, plain values by their repr, other objects by their type alone."""
+    h = hashlib.blake2b(digest_size=8)
+    _feed(h, node)
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def _feed(h: Any, node: Any) -> None:
+    if isinstance(node, torch.Tensor):
+        t = node.detach()
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        h.update(f"T{t.dtype}{tuple(t.shape)}:".encode())
+        if t.numel():
+            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(node, dict):
+        h.update(f"D{len(node)}:".encode())
+        for key, value in sorted(node.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0]))):
+            _feed(h, key)
+            _feed(h, value)
+    elif isinstance(node, list | tuple):
+        h.update(f"L{len(node)}:".encode())
+        for value in node:
+            _feed(h, value)
+    elif node is None or isinstance(node, bool | int | float | str):
+        h.update(f"{type(node).__name__}={node!r};".encode())
+    else:
+        h.update(f"<{type(node).__name__}>;".encode())

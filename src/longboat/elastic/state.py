@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import io
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -19,8 +19,9 @@ import longboat.cluster as cluster
 from longboat.comm.exchange import control_device
 from longboat.elastic import node_copy, optimizer_state, recovery, world
 from longboat.elastic.membership import ElasticError
+from longboat.elastic.reshard import ShardsLostError
 from longboat.elastic.sampler import ElasticSampler
-from longboat.elastic.snapshot import TensorTree, clone
+from longboat.elastic.snapshot import TensorTree, clone, hash_tree
 from longboat.log import get_logger
 
 _log = get_logger("longboat.elastic")
@@ -97,7 +98,7 @@ class State:
         self._has_state = False  # until the first sync: a rank that joins late has none
         self._node_copy = node_copy
         self._copy_writer: node_copy.NodeCopy | None = None  # created at the first commit
-        _check_model(model)
+        _check_model(model, optimizer)
         self.save()
 
     # -- user values as attributes --------------------------------------------------------
@@ -118,7 +119,7 @@ class State:
 
     def save(self) -> None:
         """Snapshot everything in memory (no communication)."""
-        if self.model is not None:
+        if self._whole_model():
             self._snapshot["model"].save(self.model.state_dict())
         if self.optimizer is not None:
             self._snapshot["optimizer"].save(optimizer_state.snapshot(self.optimizer))
@@ -161,6 +162,11 @@ class State:
         snapshot = self._snapshot
         parts = {"model": snapshot["model"].tree, "optimizer": snapshot["optimizer"].tree}
         self._copy_writer.offer(self.commits, {**parts, "rest": snapshot["rest"]})
+
+    def _whole_model(self) -> bool:
+        """Whether the model's ``state_dict`` is snapshotted: not at sharding stage 3, whose
+        parameters' shards the optimizer's snapshot holds."""
+        return self.model is not None and optimizer_state.fully_sharded(self.optimizer) is None
 
     def _copy_source(self) -> int:
         """The local rank whose node copy this rank writes or reads: its own with a sharded
@@ -244,7 +250,7 @@ class State:
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             recovery.check(recovery.Resume([mine], recorded), self._copies_note())
             self._has_state = True  # alone, this rank holds the state: a joiner receives it
-            if dist.is_initialized() and optimizer_state.reshard(self.optimizer, held, mine):
+            if dist.is_initialized() and self._reshard_state(held, mine):
                 self.save()
             self._reshard()
             return 0
@@ -262,11 +268,32 @@ class State:
         if received:
             self._receive(self._broadcast_payload(source), source)
         self._has_state = True
-        if optimizer_state.reshard(self.optimizer, held, mine) or received:
+        if self._reshard_state(held, mine) or received:
             self.save()
         self._reshard()
         self.verify_same_state(source)
         return source
+
+    def _reshard_state(self, held: Any, commits: int) -> bool:
+        """`optimizer_state.reshard`; where stage 3 shards were lost, the last sharded
+        ``checkpoint`` instead (collective: every rank learns of the loss alike); True if
+        sharded."""
+        try:
+            return optimizer_state.reshard(self.optimizer, held, commits)
+        except ShardsLostError as lost:
+            reached = self.commits
+            if self._checkpoint is None or optimizer_state.fully_sharded(self.optimizer) is None:
+                raise
+            if not self.load_checkpoint():
+                raise ShardsLostError(f"{lost} (no checkpoint in {self._checkpoint} yet)") from None
+            _log.warning(
+                "shards lost (%s); took the sharded checkpoint in %s: commit %d, %d steps again",
+                lost,
+                self._checkpoint,
+                self.commits,
+                reached - self.commits,
+            )
+            return False  # load_checkpoint saved the snapshot
 
     def digest(self) -> list[int]:
         """A 64-bit hash of each part of `DIGEST_PARTS` of this rank's state, bit for bit.
@@ -274,12 +301,15 @@ class State:
         Buffers (e.g. BatchNorm statistics, which are not synchronised every step) and your
         own values are left out: they may differ between ranks.
         """
-        params = (
+        params: Any = (
             [(n, p) for n, p in self.model.named_parameters()] if self.model is not None else []
         )
+        full = optimizer_state.fully_sharded(self.optimizer)
+        if full is not None:  # shards differ by design: their names, shapes and dtypes
+            params = [[n, str(tuple(p.shape)), str(p.dtype)] for n, p in params]
         optimizer = optimizer_state.digested(self.optimizer) if self.optimizer is not None else None
         sampler = self.sampler.state_dict() if self.sampler is not None else None
-        return [_hash(part) for part in (self.commits, params, optimizer, sampler)]
+        return [hash_tree(part) for part in (self.commits, params, optimizer, sampler)]
 
     def verify_same_state(self, source: int = 0) -> None:
         """Collective: raise `StateMismatchError` on every rank when any rank's `digest`
@@ -327,7 +357,7 @@ class State:
     def _payload(self) -> dict[str, Any]:
         return {
             "commits": self.commits,
-            "model": self.model.state_dict() if self.model is not None else None,
+            "model": self.model.state_dict() if self._whole_model() else None,
             "optimizer": (
                 optimizer_state.payload(self.optimizer) if self.optimizer is not None else None
             ),
@@ -369,6 +399,10 @@ class State:
 
         if isinstance(self.model, DistributedModel):
             rebuild(self.model, self.optimizer)
+        elif optimizer_state.fully_sharded(self.optimizer) is not None:
+            from longboat.sharding.elastic import rebuild as rebuild_sharded
+
+            rebuild_sharded(self.model, self.optimizer)  # type: ignore[arg-type]
         for callback in self._resets:
             callback()
 
@@ -385,7 +419,7 @@ class State:
         if self._checkpoint is None:
             return
         if optimizer_state.is_sharded(self.optimizer):
-            from longboat.collective.sharding.files import save_sharded_checkpoint
+            from longboat.sharding.checkpoint import save_sharded_checkpoint
 
             assert self.optimizer is not None
             save_sharded_checkpoint(self._checkpoint, self.optimizer, self._payload())
@@ -403,7 +437,7 @@ class State:
         if self._checkpoint is None:
             return False
         if optimizer_state.is_sharded(self.optimizer):
-            from longboat.collective.sharding.files import load_sharded_checkpoint
+            from longboat.sharding.checkpoint import load_sharded_checkpoint
 
             assert self.optimizer is not None
             payload = load_sharded_checkpoint(self._checkpoint, self.optimizer)
@@ -419,40 +453,16 @@ class State:
         return True
 
 
-def _hash(node: Any) -> int:
-    """A signed 64-bit hash of a nested state: tensors by dtype, shape and bytes, dict entries
-    in key order, plain values by their repr, other objects by their type alone."""
-    h = hashlib.blake2b(digest_size=8)
-    _feed(h, node)
-    return int.from_bytes(h.digest(), "little", signed=True)
-
-
-def _feed(h: Any, node: Any) -> None:
-    if isinstance(node, torch.Tensor):
-        t = node.detach()
-        if t.layout != torch.strided:
-            t = t.to_dense()
-        h.update(f"T{t.dtype}{tuple(t.shape)}:".encode())
-        if t.numel():
-            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    elif isinstance(node, dict):
-        h.update(f"D{len(node)}:".encode())
-        for key, value in sorted(node.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0]))):
-            _feed(h, key)
-            _feed(h, value)
-    elif isinstance(node, list | tuple):
-        h.update(f"L{len(node)}:".encode())
-        for value in node:
-            _feed(h, value)
-    elif node is None or isinstance(node, bool | int | float | str):
-        h.update(f"{type(node).__name__}={node!r};".encode())
-    else:
-        h.update(f"<{type(node).__name__}>;".encode())
-
-
-def _check_model(model: nn.Module | None) -> None:
+def _check_model(model: nn.Module | None, optimizer: torch.optim.Optimizer | None) -> None:
     from longboat.collective.model import DistributedModel
     from longboat.collective.rebuild import check_rebuildable
 
     if isinstance(model, DistributedModel):
         check_rebuildable(model)
+    stage3 = sys.modules.get("longboat.sharding.model")
+    full = stage3 is not None and isinstance(model, stage3.FullyShardedModel)
+    if full and optimizer_state.fully_sharded(optimizer) is None:
+        raise ValueError(
+            "lb.elastic.State(model=...) of a sharding stage 3 model needs the optimizer "
+            "lb.distribute returned with it too (optimizer=...): it holds the parameters' shards"
+        )

@@ -36,20 +36,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from longboat.checkpoint import CheckpointError, check_state, load_checkpoint, save_checkpoint
 from longboat.comm.exchange import allgather_bytes
-from longboat.optim.staged import StagedOptimizer, StageKind
-from longboat.sharding.optimizer import FullyShardedStep
+from longboat.sharding.optimizer import FullyShardedStep, stage3_step
 
 POINTER = "fsdp.json"
 FORMAT = "longboat-fsdp-dcp"
 VERSION = 1
-
-
-def stage3_step(optimizer: object) -> FullyShardedStep | None:
-    """The stage 3 step of an optimizer ``lb.distribute`` returned, or None."""
-    if not isinstance(optimizer, StagedOptimizer):
-        return None
-    step = optimizer.stage(StageKind.SHARDED_STEP)
-    return step if isinstance(step, FullyShardedStep) else None
 
 
 def _collective_files() -> Any:

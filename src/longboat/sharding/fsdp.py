@@ -18,6 +18,7 @@ from longboat.collective.plan import CollectivePlan
 from longboat.log import get_logger
 from longboat.optim.staged import Stage, StagedOptimizer
 from longboat.recompute import apply_recompute
+from longboat.sharding.elastic import meta_copy, remember
 from longboat.sharding.model import FullyShardedModel
 from longboat.sharding.optimizer import FullyShardedStep, rebuild
 from longboat.sharding.policies import FullyShardPolicy
@@ -36,28 +37,16 @@ def distribute_fully_sharded(
         raise ValueError("this model was already passed to lb.distribute")
     if optimizer is None:
         raise ValueError("sharding splits the optimizer's state: pass the optimizer")
-    if cluster.cluster().elastic_round is not None:
-        raise ValueError(
-            "sharding stage 3 in an elastic job: resharding the parameters after a "
-            "membership change is not implemented; use stage 1 or 2, or a fixed --nnodes"
-        )
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no parameters that require grad: nothing to train")
     device_type = params[0].device.type
     watch_collectives(plan.trace)
-    with waiting("settings check of lb.distribute (Strategy fields)"):
-        verify_same_settings(plan.shared_settings)
-    with waiting("model check of lb.distribute (parameter names and shapes)"):
-        verify_same_model(model)
-    with waiting("broadcast of parameters"):
-        broadcast_state(
-            [p for _, p in model.named_parameters()] + [b for _, b in model.named_buffers()],
-            coalesce=plan.coalesce_broadcast,
-        )
+    join(model, plan)
     policy = FullyShardPolicy.of(
         plan, dist.get_world_size(), cluster.local_world_size(), cluster.num_nodes()
     )
+    blank = meta_copy(model)  # what an elastic job's next world shards again
     apply_recompute(model, plan.recompute)  # inside a unit: its forward recomputed in backward
     units = plan_units(model, plan)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -76,9 +65,31 @@ def distribute_fully_sharded(
         from longboat.collective.optimizer import MergeGate
 
         stages.append(MergeGate(wrapped))  # type: ignore[arg-type]  # is_merge_boundary
+    remember(wrapped, blank, units, plan)
     if cluster.rank() == 0:
         log.info("%s; %s", policy.describe(), describe(model, units))
     return wrapped, StagedOptimizer(optimizer, stages)
+
+
+def join(model: nn.Module, plan: CollectivePlan, scratch: torch.device | None = None) -> None:
+    """The collectives ``lb.distribute`` starts with, in order: the ranks agree on the settings
+    and the model, and take rank 0's parameters unless a rank carries state from an earlier
+    round of an elastic job (``State.sync`` brings it). A rank sharding anew after a
+    membership change (`longboat.sharding.elastic`) runs them too, meeting a rank that joins:
+    ``model`` is on the meta device there, and a broadcast goes through ``scratch`` tensors."""
+    from longboat.collective.engine import _state_carried_over
+
+    with waiting("settings check of lb.distribute (Strategy fields)"):
+        verify_same_settings(plan.shared_settings)
+    with waiting("model check of lb.distribute (parameter names and shapes)"):
+        verify_same_model(model)
+    if _state_carried_over():
+        return
+    tensors = [p for _, p in model.named_parameters()] + [b for _, b in model.named_buffers()]
+    if scratch is not None:  # State.sync sets them after
+        tensors = [torch.empty_like(t, device=scratch) for t in tensors]
+    with waiting("broadcast of parameters"):
+        broadcast_state(tensors, coalesce=plan.coalesce_broadcast)
 
 
 def plan_units(model: nn.Module, plan: CollectivePlan) -> list[Unit]:

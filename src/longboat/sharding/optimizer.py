@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from longboat.optim.staged import Stage, StageKind, StepRest, ZeroGradRest
+from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest, ZeroGradRest
 from longboat.sharding.state import full_optimizer_state, shard_optimizer_state
 
 REFUSED: Mapping[str, str] = {
@@ -123,6 +123,14 @@ class FullyShardedStep(Stage):
 
     def __repr__(self) -> str:
         return f"FullyShardedStep({type(self.optimizer).__name__})"
+
+
+def stage3_step(optimizer: object) -> FullyShardedStep | None:
+    """The stage 3 step of an optimizer ``lb.distribute`` returned, or None."""
+    if not isinstance(optimizer, StagedOptimizer):
+        return None
+    step = optimizer.stage(StageKind.SHARDED_STEP)
+    return step if isinstance(step, FullyShardedStep) else None
 
 
 def clip_sharded_grad_norm_(

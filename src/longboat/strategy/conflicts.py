@@ -61,7 +61,6 @@ _STAGE3_REFUSED = (
             ("lars", "LARS's layer norms are not taken over them"),
             ("lamb", "LAMB's layer norms are not taken over them"),
             ("sync_batch_norm", "sync BN is not supported on them"),
-            ("elastic", "resharding them after a membership change is not implemented"),
         )
     ),
     (

@@ -1,0 +1,107 @@
+"""Sharding stage 3 in an elastic job: the model rebuilt for a new world.
+
+FSDP2 binds each sharded parameter to the device mesh of the world ``lb.distribute`` ran in,
+and a module ``fully_shard`` was applied to cannot be copied or sharded again. So
+``lb.distribute`` keeps a copy of your module on the meta device (its structure and no data)
+taken before it is sharded. After a membership change `rebuild` shards
+a fresh copy of it over the new world (the same units and policies), allocates this rank's
+shards, makes it ``model.module`` and rebuilds the optimizer over its parameters; then
+``State.sync`` fills the shards from what the ranks held at their last commit
+(`longboat.sharding.elastic_shards`).
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+import longboat.cluster as cluster
+from longboat.collective.plan import CollectivePlan
+from longboat.optim.staged import StagedOptimizer
+from longboat.recompute import apply_recompute
+from longboat.sharding.model import FullyShardedModel
+from longboat.sharding.optimizer import FullyShardedStep, stage3_step
+from longboat.sharding.optimizer import rebuild as rebuild_optimizer
+from longboat.sharding.policies import FullyShardPolicy
+from longboat.sharding.units import Unit
+
+
+@dataclass(frozen=True)
+class Blueprint:
+    """What `rebuild` shards again: the user's module on the meta device, the units by module
+    name, and the plan of ``lb.distribute``."""
+
+    module: nn.Module
+    units: list[list[str]]
+    plan: CollectivePlan
+
+
+_BLUEPRINTS: weakref.WeakKeyDictionary[FullyShardedModel, Blueprint] = weakref.WeakKeyDictionary()
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` whose parameters and buffers are on the meta device (no data
+    copied; tied parameters stay tied)."""
+    memo: dict[int, object] = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        blank = torch.empty_like(t, device="meta")
+        if isinstance(t, nn.Parameter):
+            blank = nn.Parameter(blank, requires_grad=t.requires_grad)
+        memo[id(t)] = blank
+    return copy.deepcopy(module, memo)
+
+
+def remember(
+    model: FullyShardedModel, blank: nn.Module, units: list[Unit], plan: CollectivePlan
+) -> None:
+    """Keep what `rebuild` needs: ``blank`` (`meta_copy` of the module before recompute and
+    ``fully_shard``), ``units`` as ``lb.distribute`` found them in the module."""
+    names = {id(m): n for n, m in model.module.named_modules()}
+    _BLUEPRINTS[model] = Blueprint(blank, [[names[id(m)] for m in unit] for unit in units], plan)
+
+
+def rebuild(model: FullyShardedModel, optimizer: torch.optim.Optimizer | None) -> None:
+    """Shard ``model`` over the current world anew (collective: the same calls, in the same
+    order, as ``lb.distribute`` on a rank that joins now). Its parameters and the optimizer's
+    state are left unset: ``State.sync`` fills them."""
+    from longboat.collective.engine import live_placement
+    from longboat.sharding.fsdp import join, shard
+
+    blueprint = _BLUEPRINTS.get(model)
+    step = stage3_step(optimizer)
+    if blueprint is None or step is None:
+        raise ValueError(
+            "sharding stage 3 moves to a new world only the model and optimizer "
+            "lb.distribute returned: give both to lb.elastic.State"
+        )
+    plan = blueprint.plan.on(live_placement())
+    old = model.module
+    where = next(old.parameters())
+    device = (where.to_local() if isinstance(where, DTensor) else where).device
+    fresh = meta_copy(blueprint.module)
+    join(fresh, plan, scratch=device)
+    policy = FullyShardPolicy.of(
+        plan, cluster.world_size(), cluster.local_world_size(), cluster.num_nodes()
+    )
+    apply_recompute(fresh, plan.recompute)
+    units = [[fresh.get_submodule(name) for name in unit] for unit in blueprint.units]
+    shard(fresh, units, policy, device.type)
+    fresh.to_empty(device=device)
+    for name, buffer in old.named_buffers():  # this rank's own, until State.sync says else
+        owner, _, leaf = name.rpartition(".")
+        fresh.get_submodule(owner)._buffers[leaf] = buffer
+    new = dict(fresh.named_parameters())
+    replaced = {id(p): new[name] for name, p in old.named_parameters()}
+    sharded = rebuild_optimizer(step.user, replaced)
+    model.module = fresh
+    model.policy = policy
+    model.micro_step = 0
+    model._synced = True
+    assert isinstance(optimizer, StagedOptimizer)
+    optimizer.set_stage(FullyShardedStep(step.user, sharded, fresh, policy.degree, step.divide_by))
+    _BLUEPRINTS[model] = Blueprint(blueprint.module, blueprint.units, plan)
