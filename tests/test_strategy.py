@@ -547,12 +547,6 @@ CONFLICT_CASES = [
             ("fuse_relu_depthwise_conv", True),
         )
     ),
-    (
-        {"sharding_configs": {"stage": 3}, "amp": True, "amp_configs": {"dtype": "float16"}},
-        "sharding",
-        True,
-        "amp",
-    ),
     ({"sharding_configs": {"optimize_offload": True}}, "sharding", True, "sharding_configs"),
     ({"mode": "ps"}, "sharding", True, "mode"),
     ({"find_unused_parameters": True}, "sharding", True, "find_unused_parameters"),

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from tests._dist import run_ranks
 from tests.sharding import _lm
@@ -106,11 +107,80 @@ def _case(name: str, rank: int, world: int, directory: str) -> dict[str, Any]:
     }
 
 
+# float16 AMP: a scale of 2**24 overflows every gradient at step 0 (skipped, the scale shrinks
+# to 2**14); at step 2 an inf lands in rank 1's shard only (as an overflow in the elements rank 1
+# owns would): every rank must skip that step. The scale is applied where longboat applies it,
+# to the gradient reaching the model's output, in the reference too.
+FP16_STEPS, FP16_POISONED, FP16_CLIP = 4, 2, 100.0
+FP16_SCALES = [2.0**24, 2.0**14, 2.0**14, 2.0**4]  # the scale each step runs at
+FP16_CONFIGS = {
+    "dtype": "float16",
+    "init_loss_scaling": FP16_SCALES[0],
+    "decr_every_n_nan_or_inf": 1,
+    "decr_ratio": 2.0**-10,
+    "incr_every_n_steps": 2,
+}
+FP16_TOL = 2e-4
+
+
+def _fp16_case(rank: int, world: int) -> dict[str, Any]:
+    import longboat as lb
+    from longboat.optim.staged import StageKind
+
+    net = _lm.model()
+    strategy = lb.Strategy(
+        sharding=True, sharding_configs={"stage": 3}, amp=True, amp_configs=FP16_CONFIGS
+    )
+    model, opt = lb.distribute(net, _opt("sgd_slow", net), strategy)
+    norms = []
+    for step, (tokens, targets) in enumerate(_lm.batches(FP16_STEPS, BATCH)):
+        x, y = _lm.part(tokens, rank, world), _lm.part(targets, rank, world)
+        _lm.loss_of(model, x, y).backward()
+        if step == FP16_POISONED and rank == 1:
+            model.module.embed.weight.grad.to_local()[0, 0] = float("inf")
+        norms.append(float(model.clip_grad_norm_(FP16_CLIP)))
+        opt.step()
+        opt.zero_grad()
+    scaler = opt.stage(StageKind.LOSS_SCALING).scaler
+    with torch.no_grad():
+        logits_dtype = str(model(_lm.batches(1, BATCH)[0][0]).dtype)
+    return {
+        "logits_dtype": logits_dtype,
+        "model": model.state_dict(),
+        "norms": norms,
+        "history": list(scaler.history),
+        "skipped": scaler.skipped_steps,
+        "shard_dtype": str(next(model.module.parameters()).dtype),
+    }
+
+
+def _fp16_reference() -> dict[str, Any]:
+    """One process: a float16 copy computes the gradients, scaled by FP16_SCALES at the
+    output; the float32 model steps on them unscaled, or skips the step."""
+    net = _lm.model()
+    optimizer = _opt("sgd_slow", net)
+    norms = []
+    for step, (tokens, targets) in enumerate(_lm.batches(FP16_STEPS, BATCH)):
+        low = copy.deepcopy(net).half()
+        logits = low(tokens)
+        logits.register_hook(lambda g, s=FP16_SCALES[step]: g * s)
+        F.cross_entropy(logits.float().reshape(-1, _lm.VOCAB), targets.reshape(-1)).backward()
+        for p, q in zip(net.parameters(), low.parameters(), strict=True):
+            p.grad = q.grad.float() / FP16_SCALES[step]
+        norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), FP16_CLIP)))
+        if step not in (0, FP16_POISONED):
+            optimizer.step()
+        optimizer.zero_grad()
+    return {"model": net, "norms": norms}
+
+
 def _all_cases(rank: int, world: int, directory: str) -> dict[str, Any]:
     import longboat as lb
 
     lb.init(backend="gloo")
-    return {name: _case(name, rank, world, directory) for name in CASES}
+    out = {name: _case(name, rank, world, directory) for name in CASES}
+    out["amp_fp16"] = _fp16_case(rank, world)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +315,21 @@ def test_sharded_checkpoint_saved_at_2_ranks_reads_into_one_process(
     for i, state in ref["optimizer"].state_dict()["state"].items():
         for key, value in state.items():
             torch.testing.assert_close(optimizer.state_dict()["state"][i][key], value)
+
+
+def test_fp16_amp_skips_overflowed_steps_on_every_rank_and_equals_its_reference(
+    ranks: list[dict[str, Any]],
+) -> None:
+    ref = _fp16_reference()
+    expected = {f"module.{k}": v for k, v in ref["model"].state_dict().items()}
+    for rank in ranks:
+        got = rank["amp_fp16"]
+        assert (got["logits_dtype"], got["shard_dtype"]) == ("torch.float16", "torch.float32")
+        assert got["skipped"] == 2
+        assert got["history"] == FP16_SCALES[1:] + [FP16_SCALES[-1]]
+        for key, value in expected.items():
+            torch.testing.assert_close(got["model"][key], value, atol=FP16_TOL, rtol=0, msg=key)
+        finite = [1, 3]  # clipped after unscaling: the norms of the true gradients
+        assert [got["norms"][i] for i in finite] == pytest.approx(
+            [ref["norms"][i] for i in finite], rel=FP16_TOL
+        )

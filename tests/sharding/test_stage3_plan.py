@@ -63,6 +63,8 @@ def test_strategy_maps_onto_fsdp2_policies() -> None:
     bf16 = _policy(amp=True, amp_configs={"dtype": "bfloat16"})
     assert (bf16.param_dtype, bf16.reduce_dtype) == (torch.bfloat16, torch.float32)
     assert bf16.mixed_precision().param_dtype == torch.bfloat16
+    fp16 = _policy(amp=True, amp_configs={"dtype": "float16"})  # float32 shards, loss scaled
+    assert (fp16.param_dtype, fp16.reduce_dtype) == (torch.float16, torch.float32)
     assert _policy(fp16_allreduce=True).reduce_dtype == torch.float16
     assert _policy(gradient_compression="bf16").reduce_dtype == torch.bfloat16
     offload = _policy(configs={"offload": True})
@@ -80,7 +82,6 @@ def test_strategy_maps_onto_fsdp2_policies() -> None:
         ({"lamb": True}, "lamb"),
         ({"localsgd": True}, "localsgd"),
         ({"mode": "ps"}, "mode"),
-        ({"amp": True, "amp_configs": {"dtype": "float16"}}, "amp"),
         ({"use_hierarchical_allreduce": True}, "use_hierarchical_allreduce"),
     ],
 )

@@ -9,6 +9,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 import longboat.cluster as cluster
+from longboat.collective.amp import Amp
 from longboat.collective.consistency import (
     broadcast_state,
     verify_same_model,
@@ -18,6 +19,7 @@ from longboat.collective.plan import CollectivePlan
 from longboat.log import get_logger
 from longboat.optim.staged import Stage, StagedOptimizer
 from longboat.recompute import apply_recompute
+from longboat.sharding.amp import ShardedLossScaling
 from longboat.sharding.elastic import meta_copy, remember
 from longboat.sharding.model import FullyShardedModel
 from longboat.sharding.optimizer import FullyShardedStep, rebuild
@@ -55,12 +57,25 @@ def distribute_fully_sharded(
     sharded = rebuild(optimizer, replaced)
     k_steps = plan.merge.k_steps if plan.merge is not None else 1
     avg = plan.merge is not None and plan.merge.avg
-    wrapped = FullyShardedModel(
-        model, policy, k_steps=k_steps, merge_avg=avg, broadcast_buffers=plan.broadcast_buffers
+    step = FullyShardedStep(optimizer, sharded, model, policy.degree, k_steps if avg else 1)
+    amp = Amp(plan.amp, device_type) if plan.amp is not None else None  # FSDP2 casts, not autocast
+    scaling = (
+        ShardedLossScaling(amp.scaler, step, device_type)
+        if amp is not None and amp.scaler is not None
+        else None
     )
-    stages: list[Stage] = [
-        FullyShardedStep(optimizer, sharded, model, policy.degree, k_steps if avg else 1)
-    ]
+    wrapped = FullyShardedModel(
+        model,
+        policy,
+        k_steps=k_steps,
+        merge_avg=avg,
+        broadcast_buffers=plan.broadcast_buffers,
+        amp=amp,
+        scaling=scaling,
+    )
+    stages: list[Stage] = [step]
+    if scaling is not None:
+        stages.append(scaling)
     if k_steps > 1:
         from longboat.collective.optimizer import MergeGate
 

@@ -11,7 +11,9 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from longboat.collective.amp import Amp
 from longboat.collective.consistency import broadcast_state
+from longboat.sharding.amp import ShardedLossScaling
 from longboat.sharding.policies import FullyShardPolicy
 from longboat.sharding.state import full_model_state, load_full_model_state
 
@@ -24,7 +26,9 @@ class FullyShardedModel(nn.Module):
     backward of every k-th reduce-scatters, the others accumulate whole gradients locally
     (FSDP2's ``set_requires_gradient_sync``); ``no_sync()`` does the same for the forwards run
     inside it. ``state_dict()`` / ``load_state_dict()`` use the plain layout of the unsharded
-    module (collective: every rank calls them).
+    module (collective: every rank calls them). With float16 AMP the gradients reaching the
+    outputs are multiplied by the loss scale, and the shards are divided by it in
+    ``clip_grad_norm_`` or ``optimizer.step()``, whichever comes first.
     """
 
     def __init__(
@@ -35,6 +39,8 @@ class FullyShardedModel(nn.Module):
         k_steps: int = 1,
         merge_avg: bool = False,
         broadcast_buffers: bool = False,
+        amp: Amp | None = None,
+        scaling: ShardedLossScaling | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(module, FSDPModule):
@@ -44,6 +50,8 @@ class FullyShardedModel(nn.Module):
         self.k_steps = k_steps
         self.merge_avg = merge_avg
         self.broadcast_buffers = broadcast_buffers
+        self.amp = amp  # float16: the loss scale is applied to the outputs' gradients
+        self.scaling = scaling
         self.micro_step = 0
         self._no_sync = False
         self._synced = True  # whether the last training forward's backward reduce-scatters
@@ -64,6 +72,10 @@ class FullyShardedModel(nn.Module):
                 buffers = list(self.module.buffers())
                 if buffers:
                     broadcast_state(buffers, coalesce=True)
+            output = self.module(*args, **kwargs)
+            if self.amp is not None:
+                self.amp.scale_gradients_of(output)
+            return output
         return self.module(*args, **kwargs)
 
     def is_merge_boundary(self) -> bool:
@@ -86,6 +98,8 @@ class FullyShardedModel(nn.Module):
         ``optimizer.step()``, on every rank."""
         from longboat.sharding.optimizer import clip_sharded_grad_norm_
 
+        if self.scaling is not None:
+            self.scaling.unscale_()  # float16: clip the true gradients
         return clip_sharded_grad_norm_(list(self.module.parameters()), max_norm, norm_type)
 
     def state_dict(  # type: ignore[override]

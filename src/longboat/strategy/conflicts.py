@@ -96,16 +96,6 @@ _SHARDING_CONFLICTS: tuple[Conflict, ...] = (
     ),
     Conflict(
         "sharding",
-        "amp",
-        lambda v: (
-            _sharding_stage(v, 3) and v["amp"] is True and v["amp_configs"]["dtype"] == "float16"
-        ),
-        "sharding stage 3 computes in AMP's dtype through FSDP2, and float16 loss scaling over "
-        "its sharded gradients is not implemented: use amp_configs['dtype']='bfloat16'",
-        "sharding True with sharding_configs['stage'] == 3 and amp True with dtype 'float16'",
-    ),
-    Conflict(
-        "sharding",
         "sharding_configs",
         _sharding_key_refused,
         "these sharding_configs keys are not implemented: "
