@@ -8,7 +8,9 @@ launcher and itself once the job reached that many commits: a node lost as a who
 PROBE_QUIT_AT=K (this rank ends at commit K with exit code 0, as if its training were done),
 PROBE_DIGESTS (a directory: every rank appends a JSON line to ``digests-<pid>.jsonl`` each time
 ``train`` starts, i.e. after every sync of the state, and once at the end with its parameters),
-PROBE_SHARDING=STAGE (shard the optimizer state over every rank at that stage),
+PROBE_SHARDING=STAGE (shard the optimizer state over every rank at that stage; 3: the
+parameters too), PROBE_DEGREE=N (its sharding_degree), PROBE_CHECKPOINT=DIR
+(``State(checkpoint=DIR, checkpoint_every=2)``),
 PROBE_KILL="NODE@COMMIT+DELAY[,...]" (once per job, the ranks of node NODE, or of every node
 for ``all``, SIGKILL themselves DELAY seconds after reaching commit COMMIT; their launchers
 live, unless the node is written ``NODE!``), PROBE_NODE_COPY=0 (``State(node_copy=False)``).
@@ -133,11 +135,19 @@ def wait_for_world(state: lb.elastic.State) -> None:
         state.check_membership()
 
 
-def state_digest(net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+def weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The whole parameters of the model ``lb.distribute`` returned (collective at stage 3,
+    whose module is sharded anew after a membership change)."""
+    if SHARDING == 3:
+        return list(model.state_dict().values())  # the probe's model has no buffers
+    return [p.detach() for p in model.parameters()]
+
+
+def state_digest(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> str:
     """sha256 of the parameters and the optimizer's state tensors, bit for bit (the tests'
     own reference, independent of ``State.digest``)."""
     h = hashlib.sha256()
-    tensors = list(net.parameters())
+    tensors = list(params)
     for index, entry in sorted(optimizer.state_dict()["state"].items()):
         for key in sorted(entry):
             h.update(f"{index}/{key}".encode())
@@ -147,10 +157,11 @@ def state_digest(net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
     return h.hexdigest()
 
 
-def record(net: torch.nn.Module, optimizer: torch.optim.Optimizer, **fields: object) -> None:
+def record(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **fields: object) -> None:
     """Append what this rank holds now to its line file in PROBE_DIGESTS."""
     if not DIGESTS:
         return
+    params = weights(model)
     joined = joined_round()
     line = {
         "pid": os.getpid(),
@@ -158,7 +169,7 @@ def record(net: torch.nn.Module, optimizer: torch.optim.Optimizer, **fields: obj
         "token": joined.token if joined is not None else "",
         "rank": lb.rank(),
         "world": dist.get_world_size(),
-        "digest": state_digest(net, optimizer),
+        "digest": state_digest(params, optimizer),
         "time": time.time(),
         **fields,
     }
@@ -178,13 +189,17 @@ def main() -> None:
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     strategy = lb.Strategy()
     if SHARDING:
-        strategy.sharding, strategy.sharding_configs = True, {"stage": SHARDING}
+        degree = int(os.environ.get("PROBE_DEGREE", "0"))
+        strategy.sharding = True
+        strategy.sharding_configs = {"stage": SHARDING, "sharding_degree": degree}
     dmodel, optimizer = lb.distribute(net, optimizer, strategy)
     state = lb.elastic.State(
         model=dmodel,
         optimizer=optimizer,
         sampler=sampler,
         node_copy=os.environ.get("PROBE_NODE_COPY", "1") != "0",
+        checkpoint=os.environ.get("PROBE_CHECKPOINT") or None,
+        checkpoint_every=2 if os.environ.get("PROBE_CHECKPOINT") else 0,
         epoch=0,
         history=[],
     )
@@ -192,7 +207,7 @@ def main() -> None:
     @lb.elastic.run
     def train(state: lb.elastic.State) -> None:
         record(
-            net,
+            dmodel,
             optimizer,
             commits=state.commits,
             processed=sampler.processed_indices(),
@@ -220,15 +235,9 @@ def main() -> None:
             state.epoch = epoch + 1
 
     train(state)
-    record(
-        net,
-        optimizer,
-        commits=state.commits,
-        final=True,
-        params=[p.detach().flatten().tolist() for p in net.parameters()],
-    )
+    params = [p.flatten().tolist() for p in weights(dmodel)]
+    record(dmodel, optimizer, commits=state.commits, final=True, params=params)
     if lb.rank() == 0 and os.environ.get("PROBE_OUT"):
-        params = [p.detach().flatten().tolist() for p in net.parameters()]
         with open(os.environ["PROBE_OUT"], "w") as f:
             json.dump(
                 {

@@ -287,8 +287,8 @@ class State:
             if not self.load_checkpoint():
                 raise ShardsLostError(f"{lost} (no checkpoint in {self._checkpoint} yet)") from None
             _log.warning(
-                "shards lost (%s); took the sharded checkpoint in %s: commit %d, %d steps again",
-                lost,
+                "%s; took the sharded checkpoint in %s: commit %d, %d steps again",
+                str(lost).partition(". ")[0],
                 self._checkpoint,
                 self.commits,
                 reached - self.commits,
