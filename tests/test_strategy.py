@@ -541,7 +541,6 @@ CONFLICT_CASES = [
             ("lamb", True),
             ("sync_batch_norm", True),
             ("timeline", "timeline.json"),
-            ("elastic", True),
             ("fuse_elewise_add_act_ops", True),
             ("fuse_bn_act_ops", True),
             ("fuse_relu_depthwise_conv", True),

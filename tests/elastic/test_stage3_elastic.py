@@ -17,8 +17,6 @@ import torch
 from tests._dist import free_port, run_ranks
 from tests.sharding import _lm
 
-pytestmark = pytest.mark.slow  # slow tier: four worlds of up to 3 FSDP2 ranks, one after another
-
 K = 3  # steps before the first change; the checkpoint every K commits
 MORE = 2  # steps of each later phase
 BATCH = 6  # global batch: divides among 1, 2 and 3 ranks
@@ -159,11 +157,13 @@ def _close(actual: dict, expected: dict, what: str) -> None:
         )
 
 
+@pytest.mark.slow  # four worlds of up to 3 FSDP2 ranks, one after another
 def test_two_ranks_before_any_change_equal_one_process(runs, expected):
     for rank in (0, 1):
         _close(runs[rank]["A"], expected[K], f"rank {rank} of 2")
 
 
+@pytest.mark.slow  # four worlds of up to 3 FSDP2 ranks, one after another
 def test_a_rank_that_joins_takes_its_shards_from_memory_and_training_equals_one_process(
     runs, expected
 ):
@@ -174,6 +174,7 @@ def test_a_rank_that_joins_takes_its_shards_from_memory_and_training_equals_one_
     assert sum(r["B shards"] for r in runs) == numel  # split three ways, nothing twice
 
 
+@pytest.mark.slow  # four worlds of up to 3 FSDP2 ranks, one after another
 def test_a_rank_that_leaves_with_its_shards_resumes_from_the_sharded_checkpoint(
     runs, expected
 ):
@@ -182,9 +183,16 @@ def test_a_rank_that_leaves_with_its_shards_resumes_from_the_sharded_checkpoint(
         _close(r["C"], expected[K + 2 * MORE], f"rank {rank} of 2 after the leave")
 
 
+@pytest.mark.slow  # four worlds of up to 3 FSDP2 ranks, one after another
 def test_shards_lost_without_a_checkpoint_stop_with_one_line_naming_them(runs):
     lost = runs[0]["D"]
     assert "\n" not in lost
     assert "shard 1 of 2, held only by rank 1 of the previous 2-rank world" in lost, lost
     assert "embed.weight[" in lost and "lb.elastic.State(checkpoint=" in lost, lost
     assert "no checkpoint in" in lost, lost
+
+
+def test_an_elastic_strategy_takes_stage_3():
+    import longboat as lb
+
+    lb.Strategy(sharding=True, sharding_configs={"stage": 3}, elastic=True).check()

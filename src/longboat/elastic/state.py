@@ -287,7 +287,7 @@ class State:
             if not self.load_checkpoint():
                 raise ShardsLostError(f"{lost} (no checkpoint in {self._checkpoint} yet)") from None
             _log.warning(
-                "%s; took the sharded checkpoint in %s: commit %d, %d steps again",
+                "%s; took the sharded checkpoint in %s: commit %d, %d step(s) trained again",
                 str(lost).partition(". ")[0],
                 self._checkpoint,
                 self.commits,

@@ -103,5 +103,9 @@ def rebuild(model: FullyShardedModel, optimizer: torch.optim.Optimizer | None) -
     model.micro_step = 0
     model._synced = True
     assert isinstance(optimizer, StagedOptimizer)
-    optimizer.set_stage(FullyShardedStep(step.user, sharded, fresh, policy.degree, step.divide_by))
+    new_step = FullyShardedStep(step.user, sharded, fresh, policy.degree, step.divide_by)
+    optimizer.set_stage(new_step)
+    if model.scaling is not None:  # float16 AMP unscales the new optimizer's gradients
+        model.scaling.sharded = new_step
+        model.scaling.zero_grad(lambda set_to_none: None, True)  # a step begun is dropped
     _BLUEPRINTS[model] = Blueprint(blueprint.module, blueprint.units, plan)
