@@ -48,8 +48,8 @@ def _model(width: int, depth: int, device: torch.device) -> nn.Module:
 
 def _measure(system: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     import longboat as lb
-    from longboat.collective.sharding.memory import storage_bytes
     from longboat.comm.shm_segment import mapped_segments
+    from longboat.sharding.zero.memory import storage_bytes
     from longboat.tools.bench.train_memory import held_bytes
 
     earlier = set(mapped_segments())  # an earlier system's segments stay mapped

@@ -10,7 +10,7 @@ def test_plural_agrees_with_the_count():
 
 
 def test_sharding_line_counts_one_rank_in_the_singular():
-    from longboat.collective.sharding.config import ShardingPlan
+    from longboat.sharding.config import ShardingPlan
 
     line = ShardingPlan(stage=2, degree=0, dp_degree=1).describe(1)
     assert "split over 1 rank; " in line

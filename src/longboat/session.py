@@ -72,7 +72,7 @@ def _allreduce_choice(info: ClusterInfo, topo: Topology, strategy: Any) -> str:
     if strategy.mode != "collective":
         return ""
     placement = Placement.of(topo.node_of, str(info.backend))
-    from longboat.collective.sharding.config import ShardingPlan
+    from longboat.sharding.config import ShardingPlan
     from longboat.sharding.policies import banner
 
     per_node = info.world_size // max(1, topo.nodes)

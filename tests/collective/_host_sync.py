@@ -136,8 +136,8 @@ def device_tensors_of(
 ) -> list[torch.Tensor]:
     """The tensors a GPU run would keep on the device: parameters, buffers, bucket buffers;
     under sharding also the gradient slices and the shard optimizer's state."""
-    from longboat.collective.sharding.held import state_tensors
-    from longboat.collective.sharding.step import step_of
+    from longboat.sharding.zero.held import state_tensors
+    from longboat.sharding.zero.step import step_of
 
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [buffer for buffer, _ in reducer.bucket_layouts()]

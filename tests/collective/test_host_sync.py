@@ -103,8 +103,8 @@ def _fresh_buffers_on_device(counter: HostSyncCounter) -> Iterator[None]:
     """What sharding allocates each step with ``torch.empty(..., device=<the parameters'>)``
     (stage 2's full buckets, the gather's buffers) lives on the device on a GPU: the counter
     is told so, as it cannot see a CPU tensor's intent."""
-    from longboat.collective.sharding.gather import ParameterGather
-    from longboat.collective.sharding.scatter import SliceScatter
+    from longboat.sharding.zero.gather import ParameterGather
+    from longboat.sharding.zero.scatter import SliceScatter
 
     empty = torch.empty
 

@@ -213,7 +213,7 @@ def _spread_over_nodes(rank: int) -> dict[str, Any]:
     """Nodes {0, 1} and {2, 3}: shard groups of 2 share a node, replicas and 4 do not."""
     import longboat.cluster as cluster
     from longboat.cluster.topology import Topology
-    from longboat.collective.sharding.groups import ShardGroups
+    from longboat.sharding.zero.groups import ShardGroups
 
     real = cluster.topology
     cluster.topology = lambda: Topology((0, 0, 1, 1), rank)  # type: ignore[assignment]
@@ -233,10 +233,10 @@ def _shared_with_the_allreduce(rank: int) -> dict[str, Any]:
     others map their own; collectives queued between allreduces on the one worker, none
     waited for before the last, all come out right."""
     from longboat import cluster
-    from longboat.collective.sharding.groups import ShardGroups
     from longboat.comm.algorithms import make
     from longboat.comm.handles import wait_for
     from longboat.comm.shm_segment import mapped_segments
+    from longboat.sharding.zero.groups import ShardGroups
 
     allreduce = make("shm", cluster.new_group())
     before = set(mapped_segments())
@@ -271,8 +271,8 @@ def _shared_with_the_allreduce(rank: int) -> dict[str, Any]:
 
 def _all(rank: int, world: int) -> dict[str, Any]:
     import longboat as lb
-    from longboat.collective.sharding.groups import ShardGroups
     from longboat.comm.algorithms.shm import ShmAllreduce, ShmComm
+    from longboat.sharding.zero.groups import ShardGroups
 
     lb.init(backend="gloo")
     out: dict[str, Any] = {"bad": [], "shm": {}}
@@ -353,7 +353,7 @@ def test_groups_spread_over_nodes_stay_on_gloo(runs):
 
 
 def test_tensors_shm_cannot_take_go_to_the_backend():
-    from longboat.collective.sharding.groups import _fits
+    from longboat.sharding.zero.groups import _fits
 
     assert _fits(torch.zeros(4), torch.zeros(8, dtype=torch.float32))
     assert not _fits(torch.zeros(4, 2).t())  # not contiguous

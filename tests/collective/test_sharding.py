@@ -248,7 +248,7 @@ def _record_full_buckets() -> list[Any]:
     """Weak references to every full bucket stage 2 packs from now on (in this process)."""
     import weakref
 
-    from longboat.collective.sharding.scatter import SliceScatter
+    from longboat.sharding.zero.scatter import SliceScatter
 
     packed: list[Any] = []
     buffer = SliceScatter.buffer
@@ -288,8 +288,8 @@ def _memory(rank: int) -> dict[str, torch.Tensor]:
     """Bytes per rank after two Adam steps, without sharding and at stage 1 and 2; and the
     bytes of the shared-memory segments each run mapped."""
     import longboat as lb
-    from longboat.collective.sharding.memory import memory_report
     from longboat.comm.shm_segment import mapped_segments
+    from longboat.sharding.zero.memory import memory_report
 
     cfg = _cfg("adam")
     out = {}
@@ -611,7 +611,7 @@ def test_state_descriptions_travel_as_json_never_pickled() -> None:
     scalar's value; any other object is refused by name instead of being pickled."""
     import json
 
-    from longboat.collective.sharding.state import _entry, scalars
+    from longboat.sharding.zero.state import _entry, scalars
 
     entries = {
         "exp_avg": _entry("exp_avg", torch.zeros(2, dtype=torch.float64)),

@@ -206,7 +206,7 @@ def test_the_gathers_follow_the_order_the_forward_reads_the_buckets(runs):
 
 
 def test_the_profile_sees_weights_read_without_calling_their_module():
-    from longboat.collective.sharding.readers import ReadersProfile
+    from longboat.sharding.zero.readers import ReadersProfile
 
     model = _model()
     params = list(model.parameters())
@@ -247,9 +247,9 @@ def test_an_evaluation_under_inference_mode_between_steps(runs):
 def test_gathers_dropped_while_in_flight_write_nothing_into_the_parameters():
     """An elastic rollback drops gathers still running on the collective's thread: the gate
     it writes through closes, so none of their slices lands on the restored parameters."""
-    from longboat.collective.sharding.gather import ParameterGather
-    from longboat.collective.sharding.layout import ShardLayout
     from longboat.comm.handles import FutureHandle
+    from longboat.sharding.zero.gather import ParameterGather
+    from longboat.sharding.zero.layout import ShardLayout
 
     model = nn.Linear(4, 4)
     params = list(model.parameters())

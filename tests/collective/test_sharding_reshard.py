@@ -359,7 +359,7 @@ def test_elastic_rebuild_accepts_sharding():
 
 
 def test_each_element_comes_from_the_lowest_holder_and_gaps_are_named():
-    from longboat.collective.sharding.slices import assign
+    from longboat.sharding.zero.slices import assign
 
     holdings = {2: [(0, 0, 6)], 1: [(0, 4, 10), (1, 0, 3)]}
     supply, missing = assign(holdings, [(0, 0, 10), (1, 0, 5)])

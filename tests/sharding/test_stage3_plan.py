@@ -122,7 +122,7 @@ def test_lightning_refuses_stage_3_by_name() -> None:
 
 
 def test_cluster_line_names_stage_and_degree() -> None:
-    from longboat.collective.sharding.config import ShardingPlan
+    from longboat.sharding.config import ShardingPlan
     from longboat.sharding.policies import banner
 
     def line(stage: int, degree: int = 0) -> str:

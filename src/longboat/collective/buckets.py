@@ -198,7 +198,7 @@ def assign_communicators(bucket_bytes: list[int], communicators: int) -> list[in
 
 class BucketCollective(Protocol):
     """What reducing one packed bucket is: `Allreduce`, or sharding stage 2's reduce-scatter
-    into this rank's slice (`longboat.collective.sharding.scatter.SliceScatter`)."""
+    into this rank's slice (`longboat.sharding.zero.scatter.SliceScatter`)."""
 
     name: str
     """What the log calls it: ``allreduce``, ``reduce-scatter``."""

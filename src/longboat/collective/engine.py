@@ -47,10 +47,6 @@ from longboat.collective.plan import (
     resolve,
 )
 from longboat.collective.reducer import Reducer
-from longboat.collective.sharding.groups import ShardGroups
-from longboat.collective.sharding.scatter import WIRE_DTYPES
-from longboat.collective.sharding.setup import ShardSetup
-from longboat.collective.sharding.step import ShardedStep
 from longboat.collective.sync_bn import convert_sync_batchnorm
 from longboat.comm import algorithms
 from longboat.comm.algorithms import AllreduceFn
@@ -65,6 +61,10 @@ from longboat.optim.staged import Stage, StagedOptimizer
 from longboat.ownership import admit
 from longboat.recompute import apply_recompute
 from longboat.registry import COMPRESSORS
+from longboat.sharding.zero.groups import ShardGroups
+from longboat.sharding.zero.scatter import WIRE_DTYPES
+from longboat.sharding.zero.setup import ShardSetup
+from longboat.sharding.zero.step import ShardedStep
 from longboat.strategy import Strategy
 from longboat.trace import attach
 from longboat.trace.stall import waiting, watch_collectives

@@ -20,9 +20,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from longboat.cluster.topology import comm_defaults
-from longboat.collective.sharding.config import ShardingPlan
 from longboat.recompute import RecomputeConfig
 from longboat.registry import ALGORITHMS, COMPRESSORS, Entry
+from longboat.sharding.config import ShardingPlan
 from longboat.trace.config import TraceConfig
 
 if TYPE_CHECKING:

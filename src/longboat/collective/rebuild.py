@@ -6,9 +6,9 @@ import torch
 
 from longboat.collective.engine import build_reducer, join_world, live_placement, shard_setup
 from longboat.collective.model import DistributedModel
-from longboat.collective.sharding.step import ShardedStep, step_of
 from longboat.optim.staged import StagedOptimizer
 from longboat.registry import COMPRESSORS
+from longboat.sharding.zero.step import ShardedStep, step_of
 from longboat.trace import attach
 
 

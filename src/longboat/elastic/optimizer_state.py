@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from longboat.collective.sharding.slices import fill, local_slices, segments, shard_of, stateful
-from longboat.collective.sharding.step import step_of
 from longboat.elastic.reshard import reshard as reshard_step
+from longboat.sharding.zero.slices import fill, local_slices, segments, shard_of, stateful
+from longboat.sharding.zero.step import step_of
 
 if TYPE_CHECKING:
     from longboat.sharding.optimizer import FullyShardedStep
@@ -79,7 +79,7 @@ def payload(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 
 
 def load_payload(optimizer: torch.optim.Optimizer, sent: dict[str, Any]) -> None:
-    from longboat.collective.sharding.state import load_param_groups
+    from longboat.sharding.zero.state import load_param_groups
 
     step = step_of(optimizer) or fully_sharded(optimizer)
     if step is None:

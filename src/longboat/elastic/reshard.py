@@ -1,7 +1,7 @@
 """The sharded optimizer state moved in memory to a new world's layout after an elastic
 membership change, or a loud stop when part of it left with a rank.
 
-Every rank brings what it held at its last commit (`longboat.collective.sharding.slices`:
+Every rank brings what it held at its last commit (`longboat.sharding.zero.slices`:
 segments in parameter coordinates; a rank that joined brings nothing). The ranks tell each
 other what they hold in JSON; if every element of the state is held by some rank at the
 latest commit, each element is summed into place over the world from one holder (zeros from
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from longboat.collective.sharding.held import put
-from longboat.collective.sharding.slices import Segment, assign, fill, segments, stateful
-from longboat.collective.sharding.state import is_shaped, scalars
 from longboat.comm.exchange import allgather_bytes, any_rank
 from longboat.elastic.membership import ElasticError
+from longboat.sharding.zero.held import put
+from longboat.sharding.zero.slices import Segment, assign, fill, segments, stateful
+from longboat.sharding.zero.state import is_shaped, scalars
 
 if TYPE_CHECKING:
-    from longboat.collective.sharding.shard_optimizer import ShardOptimizer
+    from longboat.sharding.zero.shard_optimizer import ShardOptimizer
 
 Groups = dict[int, dict[str, dict[str, Any]]]
 

@@ -415,7 +415,7 @@ class State:
     def write_checkpoint(self) -> None:
         """Rank 0 writes the state to ``checkpoint`` (temporary file, then rename); with a
         sharded optimizer every rank takes part, and ``checkpoint`` is the directory of a
-        sharded checkpoint (`longboat.collective.sharding.files`)."""
+        sharded checkpoint (`longboat.sharding.zero.files`)."""
         if self._checkpoint is None:
             return
         if optimizer_state.is_sharded(self.optimizer):

@@ -44,7 +44,7 @@ VERSION = 1
 
 
 def _collective_files() -> Any:
-    import longboat.collective.sharding.files as files
+    import longboat.sharding.zero.files as files
 
     return files
 

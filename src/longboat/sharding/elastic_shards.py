@@ -4,7 +4,7 @@ optimizer state kept at each commit, and moved in memory to a new world's shards
 FSDP2 splits each parameter along its first dimension, so a rank's shard of a parameter is a
 flat range of its elements: a *segment* ``(param, start, stop)`` (param: its index in
 ``named_parameters()`` order), as stages 1 and 2 describe their slices
-(`longboat.collective.sharding.slices`). At a commit a rank keeps its segments' values and
+(`longboat.sharding.zero.slices`). At a commit a rank keeps its segments' values and
 their optimizer state shaped like the parameter (Adam's moments), the scalar state (Adam's
 ``step``) and the module's buffers. After a membership change the ranks tell each other (JSON)
 which segments they held at their last commit; if every element of every parameter is held
@@ -26,10 +26,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from longboat.collective.sharding.slices import Segment, assign
 from longboat.comm.exchange import allgather_bytes, control_device
 from longboat.elastic.reshard import ShardsLostError, lost_where
 from longboat.sharding.optimizer import FullyShardedStep
+from longboat.sharding.zero.slices import Segment, assign
 
 BUCKET_ELEMENTS = 1 << 24
 """Elements summed over the world in one collective when shards move (64 MB of float32)."""

@@ -15,7 +15,7 @@ from longboat.words import plural
 
 if TYPE_CHECKING:
     from longboat.collective.plan import CollectivePlan
-    from longboat.collective.sharding.config import ShardingPlan
+    from longboat.sharding.config import ShardingPlan
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 REDUCE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from longboat.collective.sharding.config import ShardingPlan
 from longboat.comm.algorithms import Parts
+from longboat.sharding.config import ShardingPlan
 from longboat.sim import cost
 from longboat.sim.cluster import Cluster
 from longboat.sim.profile import Profile

@@ -1,7 +1,7 @@
 """What each `longboat bench train` system holds per rank: optimizer state, gradients and
 parameters.
 
-By tensor storage (`longboat.collective.sharding.memory`), the same on CPU and GPU: longboat's
+By tensor storage (`longboat.sharding.zero.memory`), the same on CPU and GPU: longboat's
 through ``memory_report`` (bucket buffers, reduced slices, ``.grad``); DDP's as ``.grad`` plus
 its reducer's buckets when they are not the ``.grad`` storage (``gradient_as_bucket_view`` off:
 DDP holds both); ``ZeroRedundancyOptimizer``'s state is its local optimizer's; FSDP2's
@@ -46,7 +46,7 @@ def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int,
     """(optimizer state, gradient, parameter bytes) this rank holds for one system; a
     sharded (FSDP2) parameter by its local shard."""
     from longboat.collective.model import DistributedModel
-    from longboat.collective.sharding.memory import memory_report, storage_bytes
+    from longboat.sharding.zero.memory import memory_report, storage_bytes
     from longboat.tools.bench.train_fsdp import fully_sharded_held, is_fully_sharded
 
     inner = getattr(model, "_orig_mod", model)  # under torch.compile

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from longboat.collective.sharding.held import over_elements, put, shaped_state, state_of
-from longboat.collective.sharding.layout import flat_view
 from longboat.comm.exchange import allgather_bytes
 from longboat.comm.handles import wait_for
+from longboat.sharding.zero.held import over_elements, put, shaped_state, state_of
+from longboat.sharding.zero.layout import flat_view
 
 if TYPE_CHECKING:
-    from longboat.collective.sharding.shard_optimizer import ShardOptimizer
+    from longboat.sharding.zero.shard_optimizer import ShardOptimizer
 
 
 def describe(step: ShardOptimizer) -> dict[str, dict[str, Any]]:

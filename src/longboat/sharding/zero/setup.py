@@ -12,11 +12,11 @@ import torch.distributed as dist
 from torch import nn
 
 from longboat.collective.buckets import BucketPlan
-from longboat.collective.sharding.config import ShardingPlan
-from longboat.collective.sharding.groups import ShardGroups
-from longboat.collective.sharding.layout import ShardLayout
-from longboat.collective.sharding.scatter import SliceScatter
 from longboat.optim.layerwise import LayerwiseOptimizer
+from longboat.sharding.config import ShardingPlan
+from longboat.sharding.zero.groups import ShardGroups
+from longboat.sharding.zero.layout import ShardLayout
+from longboat.sharding.zero.scatter import SliceScatter
 
 ELEMENTWISE: tuple[type[torch.optim.Optimizer], ...] = (
     torch.optim.SGD,
@@ -33,7 +33,7 @@ ELEMENTWISE: tuple[type[torch.optim.Optimizer], ...] = (
 )
 """Optimizers whose update of an element reads only that element's state: a flat slice of
 many parameters steps exactly as the parameters would. Layer-wise ones (LARS, LAMB) also
-work: the norms of their slices are summed per parameter (`longboat.collective.sharding.norms`)."""
+work: the norms of their slices are summed per parameter (`longboat.sharding.zero.norms`)."""
 
 
 def check_elementwise(optimizer: torch.optim.Optimizer) -> None:

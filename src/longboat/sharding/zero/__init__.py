@@ -1,8 +1,8 @@
-"""Sharding (ZeRO stage 1 and 2) inside data parallelism: ``Strategy(sharding=True)``.
+"""Sharding stages 1 and 2 (ZeRO) inside data parallelism, riding on the collective engine's
+reducer: ``Strategy(sharding=True)``; the settings are `longboat.sharding.config`.
 
 Each module has one job:
 
-- ``config``: the resolved settings (`ShardingPlan`).
 - ``setup``: what sharding accepts and lays out once per world (`ShardSetup`), shared by the
   reducer and the step.
 - ``layout``: which slice of each gradient bucket a rank owns, cut into pieces of parameters.
@@ -22,7 +22,3 @@ Each module has one job:
 
 See docs/sharding.md.
 """
-
-from longboat.collective.sharding.config import ShardingPlan
-
-__all__ = ["ShardingPlan"]

@@ -2,12 +2,12 @@
 
 The user's optimizer keeps its ``param_groups`` (LR schedulers change them as usual) and never
 steps itself: `ShardOptimizer` builds an optimizer of the same class and defaults over one flat
-shard parameter per piece of the layout (`longboat.collective.sharding.layout`): a view of the
+shard parameter per piece of the layout (`longboat.sharding.zero.layout`): a view of the
 parameter's own elements, so the step updates them in place and no copy of the parameters is
 kept. It has one param group per user group, whose hyper-parameters are copied into it at
 every step. Under stage 2 the shard parameters' gradients are views of the slices the
 reduce-scatter keeps (`ShardSetup.scatter`), made once. The state dict, the per-rank files and
-the elastic resharding read a rank's slices here (`longboat.collective.sharding.held` knows the
+the elastic resharding read a rank's slices here (`longboat.sharding.zero.held` knows the
 shape of the state per piece).
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from longboat.collective.sharding.layout import flat_view
-from longboat.collective.sharding.norms import ShardNormSum
-from longboat.collective.sharding.setup import ShardSetup
 from longboat.optim.layerwise import LayerwiseOptimizer
+from longboat.sharding.zero.layout import flat_view
+from longboat.sharding.zero.norms import ShardNormSum
+from longboat.sharding.zero.setup import ShardSetup
 
 
 class ShardOptimizer:

@@ -8,7 +8,7 @@ parameters, with no buffer; elsewhere each bucket in flight needs a full-bucket 
 other ranks' slices are copied into the parameters.
 
 Once `watch` has learnt from one forward of an eager module who reads which parameter
-(`longboat.collective.sharding.readers`), ``after_step`` only launches the first gathers. A
+(`longboat.sharding.zero.readers`), ``after_step`` only launches the first gathers. A
 bucket is waited for and written just before the first module of the next forward that reads
 one of its parameters (a forward pre-hook), which launches the next one, so the gathers run
 while the forward computes. Whatever is still pending is written when the forward ends, and by
@@ -35,11 +35,11 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from longboat.collective.sharding.groups import ShardGroups
-from longboat.collective.sharding.layout import BucketShard
-from longboat.collective.sharding.readers import ReadersProfile
 from longboat.comm.handles import wait_for
 from longboat.comm.placed import Placed, PlacedSlices
+from longboat.sharding.zero.groups import ShardGroups
+from longboat.sharding.zero.layout import BucketShard
+from longboat.sharding.zero.readers import ReadersProfile
 
 GATHER_WINDOW = 2
 """Buckets whose all-gather is in flight at once (each needs a full-bucket buffer)."""

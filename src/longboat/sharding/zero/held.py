@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from longboat.collective.sharding.shard_optimizer import ShardOptimizer
+    from longboat.sharding.zero.shard_optimizer import ShardOptimizer
 
 
 def over_elements(value: Any) -> bool:

@@ -35,13 +35,13 @@ from longboat.checkpoint import (
     save_checkpoint,
     write_atomically,
 )
-from longboat.collective.sharding.slices import fill, local_slices, stateful
-from longboat.collective.sharding.state import descriptions, load_param_groups
-from longboat.collective.sharding.step import step_of
 from longboat.comm.exchange import allgather_bytes
+from longboat.sharding.zero.slices import fill, local_slices, stateful
+from longboat.sharding.zero.state import descriptions, load_param_groups
+from longboat.sharding.zero.step import step_of
 
 if TYPE_CHECKING:
-    from longboat.collective.sharding.shard_optimizer import ShardOptimizer
+    from longboat.sharding.zero.shard_optimizer import ShardOptimizer
 
 INDEX = "index.json"
 FORMAT = "longboat-sharded-optimizer"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from longboat.collective.sharding.held import state_tensors
-from longboat.collective.sharding.step import step_of
+from longboat.sharding.zero.held import state_tensors
+from longboat.sharding.zero.step import step_of
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,12 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from longboat.collective.sharding.clip import clip_shards_
-from longboat.collective.sharding.groups import ShardGroups
-from longboat.collective.sharding.layout import ShardLayout
 from longboat.comm.algorithms import Handle
 from longboat.comm.compress import ring_bytes
 from longboat.comm.handles import wait_for
+from longboat.sharding.zero.clip import clip_shards_
+from longboat.sharding.zero.groups import ShardGroups
+from longboat.sharding.zero.layout import ShardLayout
 
 WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 """The compressors a stage-2 reduce-scatter carries out itself: their wire dtype."""

@@ -1,7 +1,7 @@
 """Which module of the forward reads which trained parameter first, learnt from one forward.
 
 Sharding defers writing the gathered parameters until a module needs them
-(`longboat.collective.sharding.gather`). A module needs its own parameters, and sometimes
+(`longboat.sharding.zero.gather`). A module needs its own parameters, and sometimes
 another's: ``nn.MultiheadAttention`` passes ``self.out_proj.weight`` to its functional form
 without calling ``out_proj``; a tied head reads the embedding's weight. `ReadersProfile`
 watches the first forward through a ``TorchFunctionMode`` (every op sees the tensors it reads)

@@ -1,6 +1,6 @@
 """The sharded step (sharding stage 1 and 2): `ShardedStep` steps this rank's slices through a
 `ShardOptimizer` in place of the user's optimizer, then all-gathers the updated parameters
-(`longboat.collective.sharding.gather`): inside the step, or, with ``comm_overlap``, during the
+(`longboat.sharding.zero.gather`): inside the step, or, with ``comm_overlap``, during the
 next forward. `step_of` finds the shard optimizer of an optimizer ``lb.distribute`` returned.
 """
 
@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from longboat.collective.model import DistributedModel
-from longboat.collective.sharding.gather import ParameterGather
-from longboat.collective.sharding.setup import ShardSetup
-from longboat.collective.sharding.shard_optimizer import ShardOptimizer
-from longboat.collective.sharding.state import gather_state_dict, load_gathered_state_dict
 from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest
+from longboat.sharding.zero.gather import ParameterGather
+from longboat.sharding.zero.setup import ShardSetup
+from longboat.sharding.zero.shard_optimizer import ShardOptimizer
+from longboat.sharding.zero.state import gather_state_dict, load_gathered_state_dict
 
 
 def step_of(optimizer: object) -> ShardOptimizer | None:

@@ -4,7 +4,7 @@ world and bucket layout that cut them, and how slices held elsewhere fill anothe
 A *segment* ``(param, start, stop)`` names elements ``[start, stop)`` of trained parameter
 ``param`` (its index in the reducer's order, elements in memory order). `local_slices` is what
 a rank holds: its pieces as segments and, per piece, the flat shaped state (Adam's moments);
-the per-rank checkpoint files (`longboat.collective.sharding.files`) and the elastic
+the per-rank checkpoint files (`longboat.sharding.zero.files`) and the elastic
 resharding (`longboat.elastic.reshard`) both move state in this form. `assign`
 says who supplies each wanted element; `fill` sets the state of a (new) layout's pieces from
 them.
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from longboat.collective.sharding.held import put, shaped_state
-from longboat.collective.sharding.state import describe, is_shaped, scalars
+from longboat.sharding.zero.held import put, shaped_state
+from longboat.sharding.zero.state import describe, is_shaped, scalars
 
 if TYPE_CHECKING:
-    from longboat.collective.sharding.shard_optimizer import ShardOptimizer
+    from longboat.sharding.zero.shard_optimizer import ShardOptimizer
 
 Segment = tuple[int, int, int]
 """``(param, start, stop)``: elements ``[start, stop)`` of a trained parameter."""
