@@ -74,7 +74,8 @@ def enter_reducer(
         raise ValueError(f"{door} averages gradients collectively: use Strategy(mode='collective')")
     if not cluster.is_initialized():
         session.init(strategy)
-    from longboat.collective.engine import build_reducer, live_placement
+    from longboat.collective.engine import build_reducer
+    from longboat.collective.live import live_placement
     from longboat.collective.plan import resolve
 
     plan = resolve(strategy, live_placement())

@@ -120,7 +120,8 @@ def _flush(rank: int, out: dict) -> None:
     """Reducer.flush() through the facade (synchronize() after 1 of 3 passes) and directly
     on a reducer from the public build_reducer."""
     import longboat.horovod.torch as hvd
-    from longboat.collective.engine import build_reducer, live_placement
+    from longboat.collective.engine import build_reducer
+    from longboat.collective.live import live_placement
     from longboat.collective.plan import resolve
     from longboat.strategy import Strategy
 

@@ -29,6 +29,7 @@ from longboat.collective.consistency import (
     verify_same_model,
     verify_same_settings,
 )
+from longboat.collective.live import live_placement, state_carried_over
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.model import DistributedModel
 from longboat.collective.optimizer import (
@@ -42,7 +43,6 @@ from longboat.collective.optimizer import (
 from longboat.collective.plan import (
     CollectivePlan,
     CommPlan,
-    Placement,
     RuntimeSettings,
     resolve,
 )
@@ -52,7 +52,7 @@ from longboat.comm import algorithms
 from longboat.comm.algorithms import AllreduceFn
 from longboat.comm.background import AsyncAllreduce
 from longboat.comm.compress import ThreadedCompressor, make_compressor
-from longboat.comm.exchange import any_rank, bind_device
+from longboat.comm.exchange import bind_device
 from longboat.comm.groups import make_communicators
 from longboat.comm.serial import SerialAllreduce
 from longboat.log import get_logger
@@ -121,11 +121,6 @@ def distribute(
     return wrapped, attach(wrapped, optimizer, plan.trace)
 
 
-def live_placement() -> Placement:
-    """Where this job's ranks run: the cluster's node of every rank, and its backend."""
-    return Placement.of(cluster.topology().node_of, str(dist.get_backend()))
-
-
 def join_world(model: nn.Module, plan: CollectivePlan) -> Comm:
     """The collective steps of ``lb.distribute``, in the order every rank runs them: check that
     all ranks run the same settings and model, build the communicators, broadcast rank 0's
@@ -133,17 +128,9 @@ def join_world(model: nn.Module, plan: CollectivePlan) -> Comm:
     it meets a rank joining for the first time in the same collectives."""
     _verify_ranks(model, plan)
     comm = build_comm(plan.comm)
-    if not _state_carried_over():
+    if not state_carried_over():
         _broadcast_initial_state(model, plan, comm)  # else State.sync brings the state
     return comm
-
-
-def _state_carried_over() -> bool:
-    """Collective in an elastic round: does any rank keep training state from an earlier
-    round (``ClusterInfo.carries_state``)? Then ``State.sync`` hands it to everyone, and
-    broadcasting rank 0's fresh parameters first would only cost time."""
-    info = cluster.cluster()
-    return info.elastic_round is not None and any_rank(info.carries_state)
 
 
 @dataclasses.dataclass(frozen=True)

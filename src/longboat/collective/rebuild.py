@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from longboat.collective.engine import build_reducer, join_world, live_placement, shard_setup
+from longboat.collective.engine import build_reducer, join_world, shard_setup
+from longboat.collective.live import live_placement
 from longboat.collective.model import DistributedModel
 from longboat.optim.staged import StagedOptimizer
 from longboat.registry import COMPRESSORS

@@ -98,7 +98,7 @@ def ddp_comm_hook(
     strategy.check()
     if strategy.mode != "collective":
         raise ValueError(f"a DDP communication hook reduces gradients: mode={strategy.mode!r}")
-    from longboat.collective.engine import live_placement
+    from longboat.collective.live import live_placement
 
     if not cluster.is_initialized():  # accelerate & co. created the group: adopt it
         cluster.init(strategy)

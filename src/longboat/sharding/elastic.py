@@ -69,7 +69,7 @@ def rebuild(model: FullyShardedModel, optimizer: torch.optim.Optimizer | None) -
     """Shard ``model`` over the current world anew (collective: the same calls, in the same
     order, as ``lb.distribute`` on a rank that joins now). Its parameters and the optimizer's
     state are left unset: ``State.sync`` fills them."""
-    from longboat.collective.engine import live_placement
+    from longboat.collective.live import live_placement
     from longboat.sharding.fsdp import join, shard
 
     blueprint = _BLUEPRINTS.get(model)

@@ -92,13 +92,13 @@ def join(model: nn.Module, plan: CollectivePlan, scratch: torch.device | None = 
     round of an elastic job (``State.sync`` brings it). A rank sharding anew after a
     membership change (`longboat.sharding.elastic`) runs them too, meeting a rank that joins:
     ``model`` is on the meta device there, and a broadcast goes through ``scratch`` tensors."""
-    from longboat.collective.engine import _state_carried_over
+    from longboat.collective.live import state_carried_over
 
     with waiting("settings check of lb.distribute (Strategy fields)"):
         verify_same_settings(plan.shared_settings)
     with waiting("model check of lb.distribute (parameter names and shapes)"):
         verify_same_model(model)
-    if _state_carried_over():
+    if state_carried_over():
         return
     tensors = [p for _, p in model.named_parameters()] + [b for _, b in model.named_buffers()]
     if scratch is not None:  # State.sync sets them after

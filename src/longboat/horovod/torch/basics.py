@@ -54,7 +54,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     strategy = cluster.current_strategy()
     algorithm, options = "native", None
     if strategy is not None:  # the strategy's choice on this placement, as lb.distribute's
-        from longboat.collective.engine import live_placement
+        from longboat.collective.live import live_placement
         from longboat.collective.plan import resolve_comm
 
         comm = resolve_comm(strategy, live_placement())

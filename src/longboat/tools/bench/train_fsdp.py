@@ -34,7 +34,7 @@ def fully_shard_by_hand(model: nn.Module, strategy: dict[str, Any], device: torc
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     import longboat as lb
-    from longboat.collective.engine import live_placement
+    from longboat.collective.live import live_placement
     from longboat.collective.plan import resolve
     from longboat.sharding.fsdp import plan_units
     from longboat.sharding.policies import FullyShardPolicy
