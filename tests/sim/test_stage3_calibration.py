@@ -14,7 +14,7 @@ from longboat.sim import cost
 from longboat.sim.calibrate_fsdp import (
     SHAPES,
     SIZES,
-    _priced_s,
+    _step,
     collectives,
     host_work,
     nonnegative_lstsq,
@@ -27,7 +27,7 @@ from tests.sim.test_stage3 import EMBED, FC, GPU8, PROFILE, _stage3
 CPU2 = cluster_mod.from_dict(
     {"nodes": 1, "devices_per_node": 2, "intra": {"kind": "loopback", "latency": "20us"}}
 )
-HOST = Fsdp2Cost(step_overhead=1e-3, unit_overhead=3e-3, param_overhead=5e-5)
+HOST = Fsdp2Cost(step_overhead=1e-3, unit_overhead=3e-3, param_overhead=5e-5, byte_overhead=1e-10)
 
 
 def _report(host: Fsdp2Cost) -> dict:
@@ -36,19 +36,17 @@ def _report(host: Fsdp2Cost) -> dict:
     corrected rule prices."""
     report = {
         "world": 2,
-        "width": 32,
         "all_gather": {str(s): 3e-4 + s / 0.4e9 for s in SIZES},
         "reduce_scatter": {str(s): 2e-4 + s / 0.25e9 for s in SIZES},
     }
     corrected = dataclasses.replace(CPU2, collectives=collectives(CPU2, report))
-    report["fsdp2"] = [
-        {
-            "units": u,
-            "layers": layers,
-            "extra_s": _priced_s(corrected, u, layers, 32) + host.seconds(u, 2 * u * layers),
-        }
-        for u, layers in SHAPES
-    ]
+    report["fsdp2"] = []
+    for u, layers, width in SHAPES:
+        step = _step(corrected, u, layers, width)
+        moved = step.copied_bytes(True)
+        priced = step.comm_s(True) + moved / corrected.mem_bw
+        extra = priced + host.seconds(u, 2 * u * layers, moved)
+        report["fsdp2"].append({"units": u, "layers": layers, "width": width, "extra_s": extra})
     return report
 
 
@@ -69,24 +67,26 @@ def test_host_work_is_fitted_beyond_what_the_rule_prices() -> None:
     assert fitted.step_overhead == pytest.approx(HOST.step_overhead, abs=1e-9)
     assert fitted.unit_overhead == pytest.approx(HOST.unit_overhead, rel=1e-6)
     assert fitted.param_overhead == pytest.approx(HOST.param_overhead, rel=1e-6)
+    assert fitted.byte_overhead == pytest.approx(HOST.byte_overhead, rel=1e-6)
 
 
 def test_a_negative_coefficient_is_held_at_zero() -> None:
     a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
     assert nonnegative_lstsq(a, np.array([3.0, 2.0, 1.0])) == pytest.approx([2.0, 0.0])
     corrected = with_fsdp2(CPU2, _report(HOST))
-    host = host_work(corrected, _report(Fsdp2Cost(0.0, 2e-3, 0.0)))
-    assert dataclasses.astuple(host) == pytest.approx((0.0, 2e-3, 0.0), abs=1e-9)
+    host = host_work(corrected, _report(Fsdp2Cost(0.0, 2e-3, 0.0, 0.0)))
+    assert dataclasses.astuple(host) == pytest.approx((0.0, 2e-3, 0.0, 0.0), abs=1e-9)
 
 
 def test_cpu_ranks_pay_the_host_work_per_unit_and_parameter_gpus_do_not() -> None:
     """PROFILE: the root holds the embedding (1 tensor), 4 blocks 2 tensors each: 5 units
-    holding parameters, 9 tensors."""
+    holding parameters, 9 tensors; the root gathered once, the blocks twice, all scattered."""
     cpu4 = cluster_mod.from_dict({"nodes": 1, "devices_per_node": 4, "intra": {"kind": "loopback"}})
     bare = simulate(PROFILE, cpu4, _stage3())
     paid = simulate(PROFILE, dataclasses.replace(cpu4, fsdp2=HOST), _stage3())
-    assert paid.host_overhead_s == pytest.approx(HOST.seconds(5, 9))
-    assert paid.step_s - bare.step_s == pytest.approx(HOST.seconds(5, 9))
+    moved = EMBED + 2 * 4 * FC + EMBED + 4 * FC
+    assert paid.host_overhead_s == pytest.approx(HOST.seconds(5, 9, moved))
+    assert paid.step_s - bare.step_s == pytest.approx(HOST.seconds(5, 9, moved))
     assert bare.host_overhead_s == 0
     gpu = simulate(PROFILE, dataclasses.replace(GPU8, fsdp2=HOST), _stage3())
     assert gpu.host_overhead_s == 0
@@ -119,3 +119,14 @@ def test_the_cluster_file_keeps_the_calibration(tmp_path) -> None:  # noqa: ANN0
         cluster_mod.from_dict({"nodes": 1, "devices_per_node": 2, "collectives": {"allgather": {}}})
     with pytest.raises(cluster_mod.ClusterError, match="fsdp2: unknown key"):
         cluster_mod.from_dict({"nodes": 1, "devices_per_node": 2, "fsdp2": {"per_unit": "1ms"}})
+
+
+def test_recommend_never_offers_stage_3_where_memory_is_unknown() -> None:
+    """CPU ranks (no device memory to exceed): stages 1 and 2 are tried, stage 3 is not, even
+    on a cluster calibrated for it."""
+    from longboat.sim.recommend import recommend
+
+    fitted = with_fsdp2(CPU2, _report(HOST))
+    choices = recommend(PROFILE, fitted, top=100, show=False)
+    stages = {c.fields.get("sharding_configs", {}).get("stage") for c in choices}
+    assert {1, 2} <= stages and 3 not in stages

@@ -55,7 +55,7 @@ _INTER = {"bandwidth", "latency", "nics_per_node", "efficiency", "gpudirect"}
 _PS = {"servers", "bandwidth", "latency", "nics_per_node", "efficiency"}
 _INPUT = {"samples_per_s", "workers", "worker_samples_per_s"}
 _ALGORITHM = {"bandwidth_efficiency", "overhead"}
-_FSDP2 = {"step_overhead", "unit_overhead", "param_overhead"}
+_FSDP2 = {"step_overhead", "unit_overhead", "param_overhead", "byte_overhead"}
 _EXTRAS = ("jitter", "contention", "device_spread")
 
 
@@ -239,7 +239,12 @@ def _fsdp2(data: Any, where: str) -> Fsdp2Cost | None:
     if data is None:
         return None
     _check_keys(data, _FSDP2, where)
-    return Fsdp2Cost(**{k: _time(data.get(k, 0.0), f"{where}.{k}") for k in sorted(_FSDP2)})
+    times = {k: _time(data.get(k, 0.0), f"{where}.{k}") for k in sorted(_FSDP2 - {"byte_overhead"})}
+    per_byte = _number(
+        data.get("byte_overhead", 0.0), f"{where}.byte_overhead", lambda v: v >= 0,
+        "seconds per byte, at least 0",
+    )  # fmt: skip
+    return Fsdp2Cost(**times, byte_overhead=per_byte)
 
 
 def _inter(data: Any, where: str, default: Link) -> Link:

@@ -80,17 +80,25 @@ COLLECTIVES = ("all_gather", "reduce_scatter")
 class Fsdp2Cost:
     """FSDP2's host work per training step beyond its collectives' link time and copies
     (`longboat sim calibrate` measures it on CPU ranks): a fixed part, a part per unit
-    (``fully_shard`` call holding parameters) and a part per parameter tensor."""
+    (``fully_shard`` call holding parameters), per parameter tensor and per byte its
+    collectives move (their buffers' allocation, beyond the copies through memory)."""
 
     step_overhead: float = 0.0
     unit_overhead: float = 0.0
     param_overhead: float = 0.0
+    byte_overhead: float = 0.0
 
-    def seconds(self, units: int, params: int) -> float:
-        """One step's host work for ``units`` units holding ``params`` parameter tensors."""
+    def seconds(self, units: int, params: int, nbytes: float) -> float:
+        """One step's host work for ``units`` units holding ``params`` parameter tensors whose
+        collectives move ``nbytes``."""
         if units == 0:
             return 0.0
-        return self.step_overhead + units * self.unit_overhead + params * self.param_overhead
+        return (
+            self.step_overhead
+            + units * self.unit_overhead
+            + params * self.param_overhead
+            + nbytes * self.byte_overhead
+        )
 
 
 @dataclass(frozen=True)

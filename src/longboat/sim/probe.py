@@ -40,7 +40,7 @@ def main(out: str, sizes: list[int], repeats: int) -> None:
     for size in sizes:
         tensor = torch.ones(size // 4)
         if lb.rank() in leaders:
-            result["link"][str(size)] = _time(
+            result["link"][str(size)] = fastest_s(
                 lambda t=tensor: dist.all_reduce(t, group=group), repeats, group
             )
         dist.barrier()
@@ -53,8 +53,9 @@ def main(out: str, sizes: list[int], repeats: int) -> None:
             json.dump(result | {"world": lb.world_size(), "nodes": topo.nodes}, f)
 
 
-def _time(run, repeats: int, group) -> float:  # noqa: ANN001
-    """The fastest of ``repeats`` timed calls (other work on a shared host only adds time)."""
+def fastest_s(run, repeats: int, group=None) -> float:  # noqa: ANN001
+    """The fastest of ``repeats`` timed calls after one untimed, the group's ranks starting
+    each together (other work on a shared host only adds time)."""
     import time
 
     run()

@@ -70,14 +70,15 @@ class Stage3:
     overlap: bool  # GPUs: collectives beside compute; CPU ranks: every collective blocks
     host: Fsdp2Cost | None = None  # FSDP2's calibrated host work (CPU ranks), None: not priced
 
-    def host_s(self) -> float:
+    def host_s(self, sync: bool) -> float:
         """FSDP2's host work in one micro-step beyond its collectives and copies: on CPU ranks,
-        as calibrated (per step, per unit holding parameters, per parameter tensor); on GPUs
-        it runs ahead of the device and is not priced."""
+        as calibrated (per step, per unit holding parameters, per parameter tensor, per byte
+        gathered or scattered); on GPUs it runs ahead of the device and is not priced."""
         if self.overlap or self.host is None:
             return 0.0
         held = [p for p in (self.root, *self.units) if p.numel]
-        return self.host.seconds(len(held), sum(p.tensors for p in held))
+        tensors = sum(p.tensors for p in held)
+        return self.host.seconds(len(held), tensors, self.copied_bytes(sync))
 
     def gather_s(self, piece: Piece) -> float:
         if piece.gather_bytes == 0:
@@ -268,7 +269,7 @@ def simulate_stage3(
     copies = ((merge - 1) * step.copied_bytes(False) + step.copied_bytes(True)) / cluster.mem_bw
     optimizer = profile.optimizer_s / step.degree
     compute = profile.forward_s + profile.backward_s
-    overhead = merge * step.host_s()
+    overhead = (merge - 1) * step.host_s(False) + step.host_s(True)
     cycle = (merge - 1) * step.micro_step_s(False) + step.micro_step_s(True) + copies + optimizer
     exposed = cycle - merge * compute - copies - optimizer
     cycle += overhead
