@@ -1,12 +1,14 @@
 """Sharded optimizer state across worlds: per-rank checkpoint files saved at 2 ranks load at 1
 and at 4 ranks (sharding_degree 2); an elastic job that grows from 2 to 3 ranks, or shrinks
-from 4 to 2 with a copy of every shard left, reshards in memory; one that lost a shard stops
-naming it. Every continued run equals one process trained on the same global batches without
-stopping. One spawn of 4 processes, whose worlds form and dissolve in phases."""
+from 4 to 2 with a copy of every shard left, reshards in memory; one that lost a shard goes on
+from State's sharded checkpoint, or, without one, stops naming it. Every continued run equals
+one process trained on the same global batches without stopping. One spawn of 4 processes,
+whose worlds form and dissolve in phases."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -24,7 +26,7 @@ K = 3  # steps before the checkpoint and the first membership change
 MORE = 2  # steps of each later phase
 BATCH = 12  # global batch: divides among 1, 2, 3 and 4 ranks
 CAP_MB = 0.004  # several buckets, parameters cut between ranks' slices
-PHASES = ("A", "B", "E", "G", "C", "D01", "D12", "F")  # worlds, each on its own port
+PHASES = ("A", "B", "E", "G", "C", "D01", "D12", "F", "H")  # worlds, each on its own port
 
 
 class Net(nn.Module):
@@ -124,6 +126,8 @@ def _train(dmodel: Any, dopt: Any, state: Any, steps: range) -> None:
         F.cross_entropy(dmodel(x[i][part]), y[i][part]).backward()
         dopt.step()
         if state is not None:
+            if state.sampler is not None:
+                state.sampler.record_batch()
             state.commit()
     dmodel.settle_parameters()  # the last step's gathers, before the parameters are read
 
@@ -164,8 +168,10 @@ def _load_at_one_rank(ckpt: Path, port: int) -> dict[str, Any]:
 
 def _phases(rank: int, world: int, ports: dict[str, int], ckpt: str) -> dict[str, Any]:
     """A: 2 ranks save at step K (lb.save_sharded_checkpoint, and State's checkpoint); B: a
-    third rank joins; E: 1 rank loads; G: rank 2 leaves with its shard; C: 4 ranks in shard
-    groups of 2 load; D: two pairs of them go on alone; F: 1 rank loads State's checkpoint."""
+    third rank joins; E: 1 rank loads; G: rank 2 leaves with its shard, the others go on from
+    State's checkpoint; C: 4 ranks in shard groups of 2 load; D: two pairs of them go on
+    alone; F: 1 rank loads State's checkpoint; H: the two pairs' ranks 1 leave with shard 1,
+    and ranks 0 and 1, whose States have no checkpoint, stop."""
     import longboat as lb
     from longboat.elastic.reshard import ShardsLostError
 
@@ -175,8 +181,13 @@ def _phases(rank: int, world: int, ports: dict[str, int], ckpt: str) -> dict[str
     if rank < 2:
         _join(rank, 2, ports["A"])
         dmodel, dopt, model = _distributed(rank, stage=2, degree=0)
+        sampler = lb.elastic.ElasticSampler(1000, BATCH // 2, shuffle=False)
         state = lb.elastic.State(
-            model=dmodel, optimizer=dopt, checkpoint=f"{ckpt}-state", checkpoint_every=K
+            model=dmodel,
+            optimizer=dopt,
+            sampler=sampler,
+            checkpoint=f"{ckpt}-state",
+            checkpoint_every=K,
         )
         state.sync()
         _train(dmodel, dopt, state, range(K))
@@ -191,7 +202,8 @@ def _phases(rank: int, world: int, ports: dict[str, int], ckpt: str) -> dict[str
         else:
             _join(rank, 3, ports["B"])
             dmodel, dopt, model = _distributed(7, stage=2, degree=0)
-            state = lb.elastic.State(model=dmodel, optimizer=dopt)
+            sampler = lb.elastic.ElasticSampler(1000, BATCH // 2, shuffle=False)
+            state = lb.elastic.State(model=dmodel, optimizer=dopt, sampler=sampler)
         state.sync()
         _train(dmodel, dopt, state, range(K, K + MORE))
         out["growth"] = _params(model)
@@ -199,14 +211,21 @@ def _phases(rank: int, world: int, ports: dict[str, int], ckpt: str) -> dict[str
     else:
         out |= _load_at_one_rank(Path(ckpt), ports["E"])
     lb.shutdown()
-    # G: rank 2 leaves with its shard; the others must stop, naming it
+    # G: rank 2 leaves with its shard; the others go on from State's checkpoint (commit K)
     if rank < 2:
         _join(rank, 2, ports["G"])
         state.on_reset()
+        warnings = _Warnings()
+        logging.getLogger("longboat.elastic").addHandler(warnings)
         try:
             state.sync()
-        except ShardsLostError as exc:
-            out["lost"] = str(exc)
+        finally:
+            logging.getLogger("longboat.elastic").removeHandler(warnings)
+        out["G log"] = warnings.lines
+        out["G from"] = state.commits
+        out["G sampler steps"] = state.sampler.steps_recorded
+        _train(dmodel, dopt, state, range(state.commits, K + MORE))  # no checkpoint written
+        out["G"] = _params(model)
         lb.shutdown()
     # C: 4 ranks, 2 shard groups of 2, stage 1, load the checkpoint and train on
     _join(rank, 4, ports["C"])
@@ -226,6 +245,14 @@ def _phases(rank: int, world: int, ports: dict[str, int], ckpt: str) -> dict[str
     _train(dmodel, dopt, state, range(K + MORE, K + 2 * MORE))
     out[pair] = _params(model)
     lb.shutdown()
+    if rank < 2:  # H: each pair's rank 0 (old ranks 0 and 1) meet: shard 1 left, no checkpoint
+        _join(rank, 2, ports["H"])
+        state.on_reset()
+        try:
+            state.sync()
+        except ShardsLostError as exc:
+            out["lost"] = str(exc)
+        lb.shutdown()
     if rank == 2:
         _join(0, 1, ports["F"])
         dmodel, dopt, model = _distributed(20, stage=2, degree=0)
@@ -235,6 +262,17 @@ def _phases(rank: int, world: int, ports: dict[str, int], ckpt: str) -> dict[str
         out["state checkpoint"] = _params(model)
         lb.shutdown()
     return out
+
+
+class _Warnings(logging.Handler):
+    """The lines logged at WARNING and above."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 @pytest.fixture(scope="module")
@@ -335,15 +373,27 @@ def test_shrinking_with_a_copy_of_every_shard_left_reshards_in_memory(runs, expe
     assert sum(pair in r for r in results) == 2
 
 
-def test_a_shard_lost_with_its_rank_stops_the_job_naming_it(runs):
+def test_a_shard_lost_with_its_rank_resumes_from_the_states_sharded_checkpoint(runs, expected):
+    results, _ = runs
+    for rank, r in enumerate(results[:2]):
+        assert (r["G from"], r["G sampler steps"]) == (K, K)  # the checkpoint's commit
+        _close(r["G"], expected[K + MORE], f"rank {rank} of 2 after the loss, from commit {K}")
+        (line,) = r["G log"]
+        assert "shard 2 of 3, held only by rank 2 of the previous 3-rank world" in line, line
+        assert f"ckpt-state: commit {K}, {MORE} step(s) trained again" in line, line
+        assert "\n" not in line
+
+
+def test_a_shard_lost_with_its_rank_stops_the_job_naming_it_without_a_checkpoint(runs):
     from longboat.elastic.failures import is_peer_failure
     from longboat.elastic.reshard import ShardsLostError
 
     results, _ = runs
     for r in results[:2]:
         text = r["lost"]
-        assert "shard 2 of 3" in text and "rank 2 of the previous 3-rank world" in text, text
-        assert "load_sharded_checkpoint" in text and "sharding_degree" in text, text
+        assert "shard 1 of 2" in text and "rank 1 of the previous 2-rank world" in text, text
+        assert "lb.elastic.State(checkpoint=" in text and "sharding_degree" in text, text
+        assert "load_sharded_checkpoint" in text and "\n" not in text, text
         assert not is_peer_failure(ShardsLostError(text))  # not retried as a lost peer
 
 

@@ -142,16 +142,25 @@ def _lost(step: ShardOptimizer, missing: list[Segment], shards: list[dict[str, i
     count = sum(b - a for _, a, b in missing)
     shown = ", ".join(f"{names[p]}[{a}:{b}]" for p, a, b in missing[:3])
     more = f" and {len(missing) - 3} more ranges" if len(missing) > 3 else ""
+    return lost_line(
+        f"the sharded optimizer state of {count} elements ({shown}{more}) is",
+        shards,
+        "Training on would restart their optimizer state from zero",
+        "",
+    )
+
+
+def lost_line(what: str, shards: list[dict[str, int]], why: str, default: str) -> str:
+    """`ShardsLostError`'s one line at every sharding stage: ``what`` is lost, where it was
+    (`lost_where`), ``why`` the job stops, and the ways back (``default``: when the default
+    degree already keeps a copy per node)."""
     return (
-        f"the sharded optimizer state of {count} elements ({shown}{more}) is lost: "
-        f"{lost_where(shards)}, "
-        "and no rank of this world holds a copy. Training on would restart their optimizer "
-        "state from zero, so the job stops here. Recover from the last sharded checkpoint: "
-        "restart the job and load it at any world size (lb.load_sharded_checkpoint(directory, "
-        "optimizer) after lb.save_sharded_checkpoint, or lb.elastic.State(checkpoint=..., "
-        "checkpoint_every=N) and its load_checkpoint()). To survive losing a node in memory, "
-        "set sharding_configs['sharding_degree'] to the ranks per node or fewer: every other "
-        "node then holds a copy of each shard"
+        f"{what} lost: {lost_where(shards)}, and no rank of this world holds a copy. "
+        f"{why}, so the job stops here. Give lb.elastic.State(checkpoint=DIR, "
+        "checkpoint_every=N) a sharded checkpoint to resume from at such a change, or restart "
+        "the job from one (lb.load_sharded_checkpoint at any world size). To survive losing a "
+        "node in memory, shard within nodes: sharding_configs['sharding_degree'] at most the "
+        f"ranks per node{default} keeps a whole copy on every node"
     )
 
 

@@ -238,8 +238,8 @@ class State:
         receives it; nothing moves when every rank holds the same count. Then every rank's
         digest of its state is compared: `StateMismatchError` (on every rank) names the ranks
         whose state differs from that rank's. A sharded optimizer's slices are resharded over
-        the world from the ranks' last commits (``ShardsLostError`` when some left with a
-        rank). A rank without state first takes its node's copy of an earlier rank's last
+        the world from the ranks' last commits; where some left with a rank, every rank
+        loads the last sharded ``checkpoint`` instead, else ``ShardsLostError``. A rank without state first takes its node's copy of an earlier rank's last
         commit, if one was kept; `recovery.StateLostError` (on every rank) when no rank holds
         state although the job had committed steps."""
         if not self._has_state:
@@ -275,14 +275,15 @@ class State:
         return source
 
     def _reshard_state(self, held: Any, commits: int) -> bool:
-        """`optimizer_state.reshard`; where stage 3 shards were lost, the last sharded
-        ``checkpoint`` instead (collective: every rank learns of the loss alike); True if
-        sharded."""
+        """`optimizer_state.reshard`; where shards were lost (any sharding stage), the whole
+        state from the last sharded ``checkpoint`` instead: the commit count, sampler and
+        values go back to its commit, as a replay from there would (collective: every rank
+        learns of the loss alike); True if sharded."""
         try:
             return optimizer_state.reshard(self.optimizer, held, commits)
         except ShardsLostError as lost:
             reached = self.commits
-            if self._checkpoint is None or optimizer_state.fully_sharded(self.optimizer) is None:
+            if self._checkpoint is None:
                 raise
             if not self.load_checkpoint():
                 raise ShardsLostError(f"{lost} (no checkpoint in {self._checkpoint} yet)") from None

@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from longboat.comm.exchange import allgather_bytes, control_device
-from longboat.elastic.reshard import ShardsLostError, lost_where
+from longboat.elastic.reshard import ShardsLostError, lost_line
 from longboat.sharding.optimizer import FullyShardedStep
 from longboat.sharding.zero.slices import Segment, assign
 
@@ -300,14 +300,10 @@ def _lost(
     count = sum(b - a for _, a, b in missing)
     shown = ", ".join(f"{named[i][0]}[{a}:{b}]" for i, a, b in missing[:3])
     more = f" and {len(missing) - 3} more ranges" if len(missing) > 3 else ""
-    return (
+    return lost_line(
         f"sharding stage 3: {count} elements of the parameters and their optimizer state "
-        f"({shown}{more}) are lost: {lost_where(shards)}, and no rank of this world holds a "
-        "copy. Training on would start them from uninitialised memory, so the job stops here. "
-        "Give lb.elastic.State(checkpoint=DIR, checkpoint_every=N) a sharded checkpoint to "
-        "resume from at such a change, or restart the job from one (lb.load_sharded_checkpoint "
-        "at any world size). To survive losing a node in memory, shard within nodes: "
-        "sharding_configs['sharding_degree'] at most the ranks per node (the default across "
-        "nodes) keeps a whole copy on every node"
+        f"({shown}{more}) are",
+        shards,
+        "Training on would start them from uninitialised memory",
+        " (the default across nodes)",
     )
-
