@@ -164,3 +164,42 @@ def test_the_digest_hashes_tensors_of_any_dtype(dtype):
     net = torch.nn.Linear(3, 2).to(dtype) if dtype.is_floating_point else None
     state = State(model=net, values=torch.arange(4).to(dtype))
     assert len(state.digest()) == len(DIGEST_PARTS)
+
+
+def test_float16_loss_scale_is_kept_with_the_optimizer_state():
+    """The loss scaler (stages 0-2 reach it through the model's Amp) is snapshotted, restored,
+    sent to a joiner, written to checkpoints and digested like the optimizer's state."""
+    import types
+
+    from longboat.collective.amp import LossScaler
+    from longboat.collective.optimizer import LossScaling
+    from longboat.optim.staged import StagedOptimizer
+
+    def job() -> tuple[State, LossScaler]:
+        net, optimizer, _ = _job()
+        scaler = LossScaler(scale=2.0**16, incr_every_n_steps=3)
+        model = types.SimpleNamespace(amp=types.SimpleNamespace(scaler=scaler))
+        staged = StagedOptimizer(optimizer, [LossScaling(model)])  # type: ignore[arg-type]
+        return State(model=net, optimizer=staged), scaler
+
+    state, scaler = job()
+    scaler.update(True)
+    state.commit()
+    committed = scaler.state_dict()
+    assert committed == {"scale": 2.0**16, "good_steps": 1, "bad_steps": 0, "skipped_steps": 0}
+    base = state.digest()
+    scaler.update(False)
+    scaler.update(False)  # the scale shrinks; the step was not committed
+    assert scaler.scale < 2.0**16
+    assert [a != b for a, b in zip(base, state.digest(), strict=True)] == [
+        False,
+        False,
+        True,  # the loss scale is part of the optimizer state
+        False,
+    ]
+    state.restore()
+    assert scaler.state_dict() == committed
+    joiner, theirs = job()
+    joiner._load(state._payload())  # what a joiner receives, and what a checkpoint holds
+    assert theirs.state_dict() == committed
+    assert joiner.digest() == state.digest()

@@ -39,6 +39,22 @@ class LossScaler:
     skipped_steps: int = 0
     history: list[float] = field(default_factory=list)
 
+    def state_dict(self) -> dict[str, float | int]:
+        """What a checkpoint or an elastic ``State`` keeps: the scale and its counters (not
+        the ``history``, which grows with every step)."""
+        return {
+            "scale": self.scale,
+            "good_steps": self.good_steps,
+            "bad_steps": self.bad_steps,
+            "skipped_steps": self.skipped_steps,
+        }
+
+    def load_state_dict(self, state: Mapping[str, float | int]) -> None:
+        self.scale = float(state["scale"])
+        self.good_steps = int(state["good_steps"])
+        self.bad_steps = int(state["bad_steps"])
+        self.skipped_steps = int(state["skipped_steps"])
+
     def update(self, finite: bool) -> None:
         """After a step: count it, and adapt the scale when dynamic."""
         if not finite:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from longboat.collective.amp import LossScaler
 from longboat.collective.localsgd import AdaptiveLocalSGD, LocalSGD
 from longboat.collective.model import DistributedModel
 from longboat.optim.staged import Stage, StagedOptimizer, StageKind, StepRest, ZeroGradRest
@@ -77,12 +78,16 @@ class LossScaling(Stage):
     def __init__(self, model: DistributedModel) -> None:
         self.model = model  # its reducer is read at each step: a rebuild replaces it
 
+    @property
+    def scaler(self) -> LossScaler:
+        assert self.model.amp is not None and self.model.amp.scaler is not None
+        return self.model.amp.scaler
+
     def step(self, rest: StepRest, closure: Any = None, **kwargs: Any) -> Any:
         model = self.model
         finite = model.reducer.last_finite
         result = rest(closure, **kwargs) if finite else None
-        assert model.amp is not None and model.amp.scaler is not None
-        model.amp.scaler.update(finite)
+        self.scaler.update(finite)
         return result
 
 

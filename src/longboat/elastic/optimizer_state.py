@@ -1,7 +1,8 @@
 """What `State` keeps, hands around and compares of an optimizer: its whole ``state_dict``, or,
 for a sharded optimizer (``Strategy(sharding=True)``), this rank's slices only, which
 ``State.sync`` reshards over the new world (`longboat.elastic.reshard`); at stage 3 this rank's
-shards of the parameters too (`longboat.sharding.elastic_shards`)."""
+shards of the parameters too (`longboat.sharding.elastic_shards`); with float16 AMP, the loss
+scaler's state (`loss_scaler`)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import torch
 import torch.distributed as dist
 
 from longboat.elastic.reshard import reshard as reshard_step
+from longboat.optim.staged import StagedOptimizer, StageKind
 from longboat.sharding.zero.slices import fill, local_slices, segments, shard_of, stateful
 from longboat.sharding.zero.step import step_of
 
 if TYPE_CHECKING:
+    from longboat.collective.amp import LossScaler
     from longboat.sharding.optimizer import FullyShardedStep
 
 
@@ -25,6 +28,15 @@ def fully_sharded(optimizer: object) -> FullyShardedStep | None:
     `longboat.sharding.optimizer` is imported, so its import is left to stage 3)."""
     module = sys.modules.get("longboat.sharding.optimizer")
     return module.stage3_step(optimizer) if module is not None else None
+
+
+def loss_scaler(optimizer: object) -> LossScaler | None:
+    """The float16 AMP loss scaler whose state ``State`` keeps with the optimizer's (scale
+    and counters; every stage), or None."""
+    if not isinstance(optimizer, StagedOptimizer):
+        return None
+    stage = optimizer.stage(StageKind.LOSS_SCALING)
+    return getattr(stage, "scaler", None)
 
 
 def _shards() -> Any:

@@ -127,6 +127,7 @@ class State:
             "commits": self.commits,
             "sampler": self.sampler.state_dict() if self.sampler is not None else None,
             "values": copy.deepcopy(self._values),
+            "loss_scale": self._loss_scale(),
         }
 
     def commit(self) -> None:
@@ -223,6 +224,18 @@ class State:
         if self.sampler is not None and rest["sampler"] is not None:
             self.sampler.load_state_dict(clone(rest["sampler"]))
         object.__setattr__(self, "_values", copy.deepcopy(rest["values"]))
+        self._set_loss_scale(rest.get("loss_scale"))
+
+    def _loss_scale(self) -> dict[str, Any] | None:
+        """float16 AMP's loss scale and its counters, kept like the optimizer's state: a
+        change of world or a rollback goes on with the scale the job reached."""
+        scaler = optimizer_state.loss_scaler(self.optimizer)
+        return scaler.state_dict() if scaler is not None else None
+
+    def _set_loss_scale(self, saved: dict[str, Any] | None) -> None:
+        scaler = optimizer_state.loss_scaler(self.optimizer)
+        if scaler is not None and saved is not None:
+            scaler.load_state_dict(saved)
 
     # -- across ranks ------------------------------------------------------------------------
 
@@ -239,8 +252,9 @@ class State:
         digest of its state is compared: `StateMismatchError` (on every rank) names the ranks
         whose state differs from that rank's. A sharded optimizer's slices are resharded over
         the world from the ranks' last commits; where some left with a rank, every rank
-        loads the last sharded ``checkpoint`` instead, else ``ShardsLostError``. A rank without state first takes its node's copy of an earlier rank's last
-        commit, if one was kept; `recovery.StateLostError` (on every rank) when no rank holds
+        loads the last sharded ``checkpoint`` instead, else ``ShardsLostError``. A rank
+        without state first takes its node's copy of an earlier rank's last commit, if one
+        was kept; `recovery.StateLostError` (on every rank) when no rank holds
         state although the job had committed steps."""
         if not self._has_state:
             self._take_node_copy()
@@ -308,7 +322,11 @@ class State:
         full = optimizer_state.fully_sharded(self.optimizer)
         if full is not None:  # shards differ by design: their names, shapes and dtypes
             params = [[n, str(tuple(p.shape)), str(p.dtype)] for n, p in params]
-        optimizer = optimizer_state.digested(self.optimizer) if self.optimizer is not None else None
+        optimizer = (
+            [optimizer_state.digested(self.optimizer), self._loss_scale()]
+            if self.optimizer is not None
+            else None
+        )
         sampler = self.sampler.state_dict() if self.sampler is not None else None
         return [hash_tree(part) for part in (self.commits, params, optimizer, sampler)]
 
@@ -364,6 +382,7 @@ class State:
             ),
             "sampler": self.sampler.state_dict() if self.sampler is not None else None,
             "values": self._values,
+            "loss_scale": self._loss_scale(),
         }
 
     def _receive(self, data: bytes | None, source: int) -> None:
@@ -380,6 +399,7 @@ class State:
         if self.sampler is not None and payload["sampler"] is not None:
             self.sampler.load_state_dict(payload["sampler"])
         object.__setattr__(self, "_values", dict(payload["values"]))
+        self._set_loss_scale(payload.get("loss_scale"))  # absent from older checkpoints
 
     def _reshard(self) -> None:
         if self.sampler is not None:

@@ -42,6 +42,8 @@ class ShardedLossScaling(Stage):
         if self._found is not None:
             return
         optimizer = self.sharded.optimizer
+        # the scaler's scale, which an elastic State may have set since the last step
+        self.unscaler.update(new_scale=float(self.scaler.scale))
         self.unscaler.unscale_(optimizer)
         # the flags GradScaler hands an optimizer that skips by itself (one per device)
         found = self.unscaler._found_inf_per_device(optimizer).values()
@@ -61,10 +63,8 @@ class ShardedLossScaling(Stage):
         rest(set_to_none)
 
     def _restart(self) -> None:
-        """The next step's gradients are scaled by the scaler's (new) scale."""
-        if self._found is not None:
-            self.unscaler.update(new_scale=float(self.scaler.scale))
-            self._found = None
+        """The next step's gradients are unscaled anew (by the scaler's scale then)."""
+        self._found = None
 
     def __repr__(self) -> str:
         return f"ShardedLossScaling(scale={self.scaler.scale})"
