@@ -2,8 +2,8 @@
 launchers on this machine as nodes: a node that joins gets its slices (at stage 3 its shards
 of the parameters too) resharded from the others' memory, and the run equals a
 single-process replay of the committed global batches; a node lost with the only copy of its
-shard stops the job, naming the shard and the way back (the last sharded checkpoint), or at
-stage 3 goes on from State's sharded checkpoint."""
+shard stops the job, naming the shard and the way back (the last sharded checkpoint), or goes
+on from State's sharded checkpoint when it writes them."""
 
 from __future__ import annotations
 
@@ -79,19 +79,21 @@ def test_a_node_lost_at_stage_3_leaves_a_whole_copy_on_every_node_and_training_g
     _check_against_replay(out)
 
 
-def test_a_rank_restarted_without_its_stage_3_shards_goes_on_from_the_sharded_checkpoint(
-    tmp_path,
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_rank_restarted_without_its_shards_goes_on_from_the_sharded_checkpoint(
+    tmp_path, stage
 ):
-    """Two nodes split every parameter (sharding_degree 2); node 1's rank dies just after
-    commit 5 and restarts with no copy (node copies off): its shards are gone, so both ranks
-    take the State's last complete checkpoint (written every 2 commits: commit 4, or 6 when
-    the death landed after that save) and train on; the run equals the replay."""
+    """Two nodes split the optimizer state (at stage 3 every parameter too; sharding_degree
+    2); node 1's rank dies just after commit 5 and restarts with no copy (node copies off):
+    its shards are gone, so both ranks take the State's last complete checkpoint (written
+    every 2 commits: commit 4, or 6 when the death landed after that save) and train on; the
+    run equals the replay. The same rule at every stage."""
     ends, _ = crash(
         tmp_path,
         2,
         "1@5+0.02",
         PROBE_NODE_COPY=0,
-        PROBE_SHARDING=3,
+        PROBE_SHARDING=stage,
         PROBE_DEGREE=2,
         PROBE_CHECKPOINT=tmp_path / "ckpt",
     )
