@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -178,3 +179,27 @@ def lost_where(shards: list[dict[str, int]]) -> str:
         f"held only by rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
         f"of the previous {world}-rank world, which left"
     )
+
+
+def agree_on_checkpoint(directory: Path, lost: ShardsLostError) -> None:
+    """Collective, before the ranks load the sharded checkpoint in ``directory`` instead of
+    the ``lost`` shards: every rank sees the same save of it, or every rank raises
+    `ShardsLostError` naming the ranks that see another (the load is collective at stage 3:
+    a rank that skipped it would leave the others waiting)."""
+    from longboat.sharding.checkpoint import saved_version
+
+    seen = [b.decode() for b in allgather_bytes(str(saved_version(directory)).encode())]
+    if len(set(seen)) == 1:
+        return
+    by_version: dict[str, list[int]] = {}
+    for rank, version in enumerate(seen):
+        by_version.setdefault(version, []).append(rank)
+    views = "; ".join(
+        f"{'ranks' if len(ranks) > 1 else 'rank'} {', '.join(map(str, ranks))}: "
+        + ("none" if version == "None" else version)
+        for version, ranks in by_version.items()
+    )
+    raise ShardsLostError(
+        f"{lost} (the ranks see different saves of the checkpoint in {directory}: {views}; "
+        "put it on a filesystem every node shares)"
+    ) from None

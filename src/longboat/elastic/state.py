@@ -19,7 +19,7 @@ import longboat.cluster as cluster
 from longboat.comm.exchange import control_device
 from longboat.elastic import node_copy, optimizer_state, recovery, world
 from longboat.elastic.membership import ElasticError
-from longboat.elastic.reshard import ShardsLostError
+from longboat.elastic.reshard import ShardsLostError, agree_on_checkpoint
 from longboat.elastic.sampler import ElasticSampler
 from longboat.elastic.snapshot import TensorTree, clone, hash_tree
 from longboat.log import get_logger
@@ -299,6 +299,7 @@ class State:
             reached = self.commits
             if self._checkpoint is None:
                 raise
+            agree_on_checkpoint(self._checkpoint, lost)
             if not self.load_checkpoint():
                 raise ShardsLostError(f"{lost} (no checkpoint in {self._checkpoint} yet)") from None
             _log.warning(

@@ -107,6 +107,19 @@ def _point_at(target: Path, name: str, step: FullyShardedStep) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def saved_version(directory: str | os.PathLike[str]) -> str | None:
+    """Which save of a sharded checkpoint (any stage) this process sees in ``directory``: its
+    save's name, or None where it sees none. Ranks compare it before a collective load."""
+    target = Path(os.fspath(directory))
+    try:
+        if (target / POINTER).exists():
+            return str(json.loads((target / POINTER).read_text(encoding="utf-8"))["checkpoint"])
+        index = _collective_files().read_index(target)
+    except (OSError, ValueError, KeyError, CheckpointError) as error:
+        return f"unreadable ({type(error).__name__})"
+    return None if index is None else str(index["token"])
+
+
 def load_sharded_checkpoint(
     directory: str | os.PathLike[str], optimizer: torch.optim.Optimizer
 ) -> dict[str, Any] | None:

@@ -172,7 +172,7 @@ def load_sharded_checkpoint(
     class, a missing or foreign file, or elements no file holds."""
     step = _require(optimizer, "load_sharded_checkpoint")
     target = Path(os.fspath(directory))
-    index = _read_index(target)
+    index = read_index(target)
     if index is None:
         return None
     position = _match_params(step, index, target)
@@ -209,7 +209,7 @@ _FOREIGN = (
 )
 
 
-def _read_index(target: Path) -> dict[str, Any] | None:
+def read_index(target: Path) -> dict[str, Any] | None:
     try:
         index = json.loads((target / INDEX).read_text())
     except FileNotFoundError:
