@@ -48,7 +48,7 @@ def _collective(name: str) -> Callable[..., object]:
 
 def time_collectives(sizes: Sequence[int], repeats: int) -> dict[str, dict[str, float]]:
     """The fastest seconds of each collective per size (bytes of the whole tensor): on a
-    shared host other work only ever adds time."""
+    shared host other work only ever adds time. The allreduce beside them is for reference."""
     import torch
     import torch.distributed as dist
 
@@ -56,12 +56,13 @@ def time_collectives(sizes: Sequence[int], repeats: int) -> dict[str, dict[str, 
 
     n = dist.get_world_size()
     gather, scatter = _collective("all_gather"), _collective("reduce_scatter")
-    out: dict[str, dict[str, float]] = {"all_gather": {}, "reduce_scatter": {}}
+    out: dict[str, dict[str, float]] = {"all_gather": {}, "reduce_scatter": {}, "all_reduce": {}}
     for size in sizes:
         numel = size // 4 // n * n
         whole, part = torch.ones(numel), torch.ones(numel // n)
         out["all_gather"][str(size)] = fastest_s(lambda w=whole, p=part: gather(w, p), repeats)
         out["reduce_scatter"][str(size)] = fastest_s(lambda w=whole, p=part: scatter(p, w), repeats)
+        out["all_reduce"][str(size)] = fastest_s(lambda w=whole: dist.all_reduce(w), repeats)
     return out
 
 

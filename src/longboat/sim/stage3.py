@@ -21,9 +21,13 @@ forward and backward time (from when its gradients became ready in the profile),
 
 The gathers send the parameters in AMP's compute dtype (bfloat16), the reduce-scatters the
 gradients in the reduce dtype (``fp16_allreduce``/``gradient_compression``; float32 under AMP
-alone). Each gathered or scattered byte also passes once through device memory (FSDP2's
-copy-out and copy-in). Not priced: contention of collectives with compute, and offload's
-host-device copies and CPU optimizer step (both named in the prediction's notes).
+alone), each priced by the backend's rule with the cluster's calibrated correction
+(`cost.all_gather_tensor`, `cost.reduce_scatter_tensor`). Each gathered or scattered byte also
+passes once through device memory (FSDP2's copy-out and copy-in). On CPU ranks FSDP2's own host
+work (hooks, DTensors, fresh buffers) adds to the step as the cluster's ``fsdp2`` entry gives it
+(`longboat.sim.calibrate_fsdp` measures it). Not priced: contention of collectives with
+compute, FSDP2's host work on GPUs, and offload's host-device copies and CPU optimizer step
+(named in the prediction's notes).
 """
 
 from __future__ import annotations
