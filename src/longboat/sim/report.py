@@ -64,7 +64,8 @@ def cluster_summary(cl: Cluster, path: str) -> None:
         table.add_row(
             "FSDP2 host work",
             f"{human_time(f.step_overhead)} per step, +{human_time(f.unit_overhead)} per unit, "
-            f"+{human_time(f.param_overhead)} per parameter",
+            f"+{human_time(f.param_overhead)} per parameter, "
+            f"+{human_time(f.byte_overhead * 2**20)} per MB moved",
         )
     _console().print(table)
 
