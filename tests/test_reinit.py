@@ -144,3 +144,35 @@ def test_horovod_init_allreduce_shutdown_init_again(clean_env: pytest.MonkeyPatc
             hvd.allreduce(x)
     lb.shutdown()
     _assert_nothing_current()
+
+
+LEAK_PROBE = """
+import os
+import longboat as lb
+
+def gloo_threads():
+    names = (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    return sum(name.startswith("pt_gloo") for name in names)
+
+lb.init(backend="gloo")
+import torch.distributed.fsdp  # as lb.distribute at stage 3 does, after the group exists
+assert gloo_threads() > 0
+lb.shutdown()
+print("gloo threads after shutdown:", gloo_threads())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_shutdown_frees_the_world_group_and_its_threads(clean_env: pytest.MonkeyPatch) -> None:
+    """Nothing keeps the group alive after lb.shutdown (torch.distributed.nn's functions take
+    the world group as a default when first imported after it exists): a leaked group's Gloo
+    threads run into interpreter exit and may abort it."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_NAMES}
+    run = subprocess.run(
+        [sys.executable, "-c", LEAK_PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "gloo threads after shutdown: 0" in run.stdout, run.stdout

@@ -14,6 +14,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# Imported before any process group exists: its functions take ``group=group.WORLD`` as a
+# default, evaluated at import, and imported later (FSDP2 imports it) they would hold the
+# world group for good, its Gloo threads running into interpreter exit (an occasional
+# "terminate called without an active exception") and one group leaked per init/shutdown.
+import torch.distributed.nn.functional  # noqa: F401  # isort: skip
+
 from longboat.cluster.backends import runs_on_device
 from longboat.cluster.env import discover
 from longboat.cluster.info import ClusterError, ClusterInfo

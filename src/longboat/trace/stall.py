@@ -383,7 +383,15 @@ class CollectiveWatch(_Watcher):
         )
         # joined before the interpreter finalises (also in multiprocessing children, which skip
         # atexit): a daemon thread caught inside a store call then aborts the process
-        multiprocessing.util.Finalize(self, self.close, args=(2.0,), exitpriority=20)
+        self._at_exit = multiprocessing.util.Finalize(
+            self, self.close, args=(2.0,), exitpriority=20
+        )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread and drop the exit hook, whose reference to this watch would keep
+        the process group (its Gloo threads and sockets) alive after ``lb.shutdown``."""
+        super().close(timeout)
+        self._at_exit.cancel()
 
     def _alive(self) -> bool:
         return dist.is_initialized() and dist.group.WORLD is self.group
