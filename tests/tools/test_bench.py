@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +15,16 @@ from longboat.tools.bench import comm, train
 
 
 def _longboat(*args: str) -> subprocess.CompletedProcess[str]:
+    """``longboat bench`` writing to a pipe, as in a CI log, with an environment built from
+    os.environ: a library in the test process may have exported COLUMNS=80 through C's
+    setenv, which children inherit although os.environ does not show it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     return subprocess.run(
         [sys.executable, "-m", "longboat", "bench", *args],
         capture_output=True,
         text=True,
         timeout=240,
+        env=env,
     )
 
 
