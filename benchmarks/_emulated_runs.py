@@ -109,7 +109,12 @@ def calibrated_links(rates: list[str], out: Path, reuse: bool) -> dict[str, Any]
     paths = {rate: out / f"calibrated-{rate}.yaml" for rate in rates}
     if reuse and all(p.exists() for p in paths.values()):
         return {rate: cluster.load(p) for rate, p in paths.items()}
+    from longboat.sim import calibrate_fsdp
+
+    # as `longboat sim calibrate` does: the backend's own all-gather and reduce-scatter too
+    # (sharding's collectives across nodes), and FSDP2's host work
     local = local_cluster(measure_local(2, 7))
+    local = calibrate_fsdp.with_fsdp2(local, calibrate_fsdp.measure(2, 7))
     result = {}
     for rate in rates:
         result[rate] = with_emulated_link(local, measure_emulated(rate, 7), rate)

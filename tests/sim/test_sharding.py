@@ -94,3 +94,34 @@ def test_the_forward_waits_for_the_first_bucket_and_hides_the_rest() -> None:
     assert shard.exposed_gather(sizes, 100.0) == pytest.approx(gathers[0])  # all but the first
     some = shard.exposed_gather(sizes, sum(gathers) / 2)
     assert gathers[0] < some < sum(gathers)
+
+
+def test_calibrated_backend_collectives_price_stages_1_and_2_across_nodes() -> None:
+    """Across nodes the shard group runs the backend's reduce-scatter and all-gather, priced
+    with the cluster's calibrated corrections (Gloo's reduce-scatter is no half allreduce on
+    CPU ranks); within one Gloo node longboat's shared-memory ones, uncorrected."""
+    import dataclasses
+
+    from longboat.sim.cluster_types import AlgorithmCost
+    from longboat.sim.sharding import Sharded
+
+    slow = {
+        "reduce_scatter": AlgorithmCost(bandwidth_efficiency=0.5, overhead=1e-3),
+        "all_gather": AlgorithmCost(bandwidth_efficiency=0.25),
+    }
+    across = dataclasses.replace(EIGHT, backend="gloo", collectives=slow)
+    within = dataclasses.replace(across, nodes=1, devices_per_node=8)
+    allreduce = (0.010, 0.100)
+    for group, expected in ((across, (0.005 + 1e-3, 0.100)), (within, (0.005, 0.050))):
+        stage2 = Sharded(stage=2, degree=8, group=group, gather_bytes=0)
+        assert stage2.collective(allreduce) == pytest.approx(expected)
+        assert Sharded(stage=1, degree=8, group=group, gather_bytes=0).collective(allreduce) == (
+            allreduce
+        )
+    lat, link = cost.allgather((1 << 20) / 8, across)
+    gather = Sharded(stage=1, degree=8, group=across, gather_bytes=0).gather_s(1 << 20)
+    assert gather == pytest.approx(lat + link / 0.25)
+    lat, link = cost.allgather((1 << 20) / 8, within)
+    assert Sharded(stage=1, degree=8, group=within, gather_bytes=0).gather_s(1 << 20) == (
+        pytest.approx(lat + link)
+    )

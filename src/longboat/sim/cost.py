@@ -230,7 +230,9 @@ def allgather(nbytes_per_rank: float, cluster: Cluster) -> Parts:
     return (n - 1) * alpha, (n - 1) * nbytes_per_rank / rate
 
 
-def _corrected(parts: Parts, cluster: Cluster, name: str) -> Parts:
+def corrected(parts: Parts, cluster: Cluster, name: str) -> Parts:
+    """``parts`` of one of the backend's own collectives (`COLLECTIVES`: ``all_gather``,
+    ``reduce_scatter``) with the cluster's calibrated correction of it (none: unchanged)."""
     lat, bw = parts
     correction = cluster.collective_cost(name)
     return lat + correction.overhead, bw / correction.bandwidth_efficiency
@@ -241,7 +243,7 @@ def all_gather_tensor(nbytes_per_rank: float, cluster: Cluster) -> Parts:
     issues it): `allgather` with the cluster's calibrated ``all_gather`` correction."""
     if cluster.world <= 1 or nbytes_per_rank <= 0:
         return 0.0, 0.0
-    return _corrected(allgather(nbytes_per_rank, cluster), cluster, "all_gather")
+    return corrected(allgather(nbytes_per_rank, cluster), cluster, "all_gather")
 
 
 def reduce_scatter_tensor(nbytes: float, cluster: Cluster) -> Parts:
@@ -251,7 +253,7 @@ def reduce_scatter_tensor(nbytes: float, cluster: Cluster) -> Parts:
     if cluster.world <= 1 or nbytes <= 0:
         return 0.0, 0.0
     lat, bw = allreduce(nbytes, cluster)
-    return _corrected((lat / 2, bw / 2), cluster, "reduce_scatter")
+    return corrected((lat / 2, bw / 2), cluster, "reduce_scatter")
 
 
 def candidates(cluster: Cluster) -> list[str]:

@@ -4,8 +4,11 @@ Stage 1 keeps the gradient allreduce, runs the optimizer on 1/d of the elements 
 all-gathers the updated parameters bucket by bucket, overlapped with the next forward: a
 bucket's layers wait for its gather (`Sharded.exposed_gather`). Stage 2 also replaces each
 bucket's allreduce by a reduce-scatter, half an allreduce's steps and bytes, during backward
-as before. ``d`` is the shard group's size (``sharding_degree``, 0: every rank). Stage 3
-(FSDP2) is priced apart: `longboat.sim.stage3`.
+as before. ``d`` is the shard group's size (``sharding_degree``, 0: every rank). Where the
+shard group spans nodes (or runs on NCCL) these are the backend's own reduce-scatter and
+all-gather, priced with the cluster's calibrated corrections of them (Gloo's reduce-scatter
+costs more than an allreduce on CPU ranks, not half); within one Gloo node, longboat's
+shared-memory ones. Stage 3 (FSDP2) is priced apart: `longboat.sim.stage3`.
 """
 
 from __future__ import annotations
@@ -32,11 +35,20 @@ class Sharded:
     group: Cluster  # the ranks of one shard group
     gather_bytes: int  # what this rank sends in the parameters' all-gather
 
+    @property
+    def backend_collectives(self) -> bool:
+        """Does the shard group use the backend's own reduce-scatter and all-gather (it spans
+        nodes, or is not Gloo), rather than longboat's shared-memory ones?"""
+        return self.group.nodes > 1 or self.group.resolved_backend() != "gloo"
+
     def collective(self, allreduce: Parts) -> Parts:
         """A bucket's collective: its allreduce (stage 1), a reduce-scatter (stage 2)."""
         if self.stage == 1:
             return allreduce
-        return allreduce[0] / 2, allreduce[1] / 2
+        half = allreduce[0] / 2, allreduce[1] / 2
+        return (
+            cost.corrected(half, self.group, "reduce_scatter") if self.backend_collectives else half
+        )
 
     def sent(self, allreduce_bytes: int) -> int:
         """Bytes a bucket's collective sends, from its allreduce's."""
@@ -48,7 +60,10 @@ class Sharded:
 
     def gather_s(self, bucket_bytes: int) -> float:
         """One bucket's all-gather (latency + link)."""
-        return sum(cost.allgather(bucket_bytes / self.degree, self.group))
+        parts = cost.allgather(bucket_bytes / self.degree, self.group)
+        if self.backend_collectives:
+            parts = cost.corrected(parts, self.group, "all_gather")
+        return sum(parts)
 
     def exposed_gather(self, bucket_bytes: list[int], forward_s: float) -> float:
         """The forward's wait for the gathers: ``bucket_bytes`` in the order the forward reads
