@@ -49,15 +49,10 @@ def reshard(step: ShardOptimizer, held: Mapping[str, Any] | None, commits: int) 
         "groups": held["groups"] if held is not None else {},
         "shard": held["shard"] if held is not None else None,
     }
-    metas = [json.loads(m) for m in allgather_bytes(json.dumps(mine).encode())]
-    latest = max((m["commits"] for m in metas if m["holds"]), default=None)
-    if latest is None:
+    found = latest_holders(mine)
+    if found is None:
         return  # a fresh start, or state loaded by each rank itself: left as it is
-    holders = {
-        r: [(p, a, b) for p, a, b in m["pieces"]]
-        for r, m in enumerate(metas)
-        if m["holds"] and m["commits"] == latest
-    }
+    metas, holders = found
     groups: Groups = {}
     for r in holders:
         for g, info in metas[r]["groups"].items():
@@ -74,6 +69,24 @@ def reshard(step: ShardOptimizer, held: Mapping[str, Any] | None, commits: int) 
         _transfer(step, groups, holders, wanted, states)
     elif step.optimizer is not None:
         fill(step, groups, {rank: segs}, lambda _, j: states[j])
+
+
+def latest_holders(
+    mine: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], dict[int, list[Segment]]] | None:
+    """Collective: every rank's ``mine`` (``holds``, ``commits``, its ``pieces`` as segments,
+    and what else a caller reads), and the pieces of each rank that holds state at the latest
+    commit; None when no rank holds state."""
+    metas = [json.loads(m) for m in allgather_bytes(json.dumps(mine).encode())]
+    latest = max((m["commits"] for m in metas if m["holds"]), default=None)
+    if latest is None:
+        return None
+    holders = {
+        r: [(int(p), int(a), int(b)) for p, a, b in m["pieces"]]
+        for r, m in enumerate(metas)
+        if m["holds"] and m["commits"] == latest
+    }
+    return metas, holders
 
 
 def _shaped_groups(groups: Groups) -> set[int]:

@@ -16,7 +16,6 @@ rank keeps the rows of its new shards. Otherwise `ShardsLostError` names what wa
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -27,7 +26,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from longboat.comm.exchange import allgather_bytes, control_device
-from longboat.elastic.reshard import ShardsLostError, lost_line
+from longboat.elastic.reshard import ShardsLostError, latest_holders, lost_line
 from longboat.sharding.optimizer import FullyShardedStep
 from longboat.sharding.zero.slices import Segment, assign
 
@@ -176,15 +175,10 @@ def reshard(step: FullyShardedStep, held: Mapping[str, Any] | None, commits: int
         "pieces": held["pieces"] if held is not None else [],
         "shard": held["shard"] if held is not None else None,
     }
-    metas = [json.loads(m) for m in allgather_bytes(json.dumps(mine).encode())]
-    latest = max((m["commits"] for m in metas if m["holds"]), default=None)
-    if latest is None:
+    found = latest_holders(mine)
+    if found is None:
         return  # a fresh start, or state loaded by each rank itself: left as it is
-    holders = {
-        r: [(int(i), int(a), int(b)) for i, a, b in m["pieces"]]
-        for r, m in enumerate(metas)
-        if m["holds"] and m["commits"] == latest
-    }
+    metas, holders = found
     named = _named(step)
     wanted = [(i, 0, p.numel()) for i, (_, p) in enumerate(named)]
     supply, missing = assign(holders, wanted)
