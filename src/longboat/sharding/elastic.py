@@ -12,57 +12,17 @@ shards, makes it ``model.module`` and rebuilds the optimizer over its parameters
 
 from __future__ import annotations
 
-import copy
-import weakref
-from dataclasses import dataclass
-
 import torch
-from torch import nn
 from torch.distributed.tensor import DTensor
 
 import longboat.cluster as cluster
-from longboat.collective.plan import CollectivePlan
 from longboat.optim.staged import StagedOptimizer
 from longboat.recompute import apply_recompute
+from longboat.sharding.blueprint import BLUEPRINTS, Blueprint, meta_copy
 from longboat.sharding.model import FullyShardedModel
 from longboat.sharding.optimizer import FullyShardedStep, stage3_step
 from longboat.sharding.optimizer import rebuild as rebuild_optimizer
 from longboat.sharding.policies import FullyShardPolicy
-from longboat.sharding.units import Unit
-
-
-@dataclass(frozen=True)
-class Blueprint:
-    """What `rebuild` shards again: the user's module on the meta device, the units by module
-    name, and the plan of ``lb.distribute``."""
-
-    module: nn.Module
-    units: list[list[str]]
-    plan: CollectivePlan
-
-
-_BLUEPRINTS: weakref.WeakKeyDictionary[FullyShardedModel, Blueprint] = weakref.WeakKeyDictionary()
-
-
-def meta_copy(module: nn.Module) -> nn.Module:
-    """A deep copy of ``module`` whose parameters and buffers are on the meta device (no data
-    copied; tied parameters stay tied)."""
-    memo: dict[int, object] = {}
-    for t in [*module.parameters(), *module.buffers()]:
-        blank = torch.empty_like(t, device="meta")
-        if isinstance(t, nn.Parameter):
-            blank = nn.Parameter(blank, requires_grad=t.requires_grad)
-        memo[id(t)] = blank
-    return copy.deepcopy(module, memo)
-
-
-def remember(
-    model: FullyShardedModel, blank: nn.Module, units: list[Unit], plan: CollectivePlan
-) -> None:
-    """Keep what `rebuild` needs: ``blank`` (`meta_copy` of the module before recompute and
-    ``fully_shard``), ``units`` as ``lb.distribute`` found them in the module."""
-    names = {id(m): n for n, m in model.module.named_modules()}
-    _BLUEPRINTS[model] = Blueprint(blank, [[names[id(m)] for m in unit] for unit in units], plan)
 
 
 def rebuild(model: FullyShardedModel, optimizer: torch.optim.Optimizer | None) -> None:
@@ -72,7 +32,7 @@ def rebuild(model: FullyShardedModel, optimizer: torch.optim.Optimizer | None) -
     from longboat.collective.live import live_placement
     from longboat.sharding.fsdp import join, shard
 
-    blueprint = _BLUEPRINTS.get(model)
+    blueprint = BLUEPRINTS.get(model)
     step = stage3_step(optimizer)
     if blueprint is None or step is None:
         raise ValueError(
@@ -108,4 +68,4 @@ def rebuild(model: FullyShardedModel, optimizer: torch.optim.Optimizer | None) -
     if model.scaling is not None:  # float16 AMP unscales the new optimizer's gradients
         model.scaling.sharded = new_step
         model.scaling.zero_grad(lambda set_to_none: None, True)  # a step begun is dropped
-    _BLUEPRINTS[model] = Blueprint(blueprint.module, blueprint.units, plan)
+    BLUEPRINTS[model] = Blueprint(blueprint.module, blueprint.units, plan)

@@ -20,7 +20,7 @@ from longboat.log import get_logger
 from longboat.optim.staged import Stage, StagedOptimizer
 from longboat.recompute import apply_recompute
 from longboat.sharding.amp import ShardedLossScaling
-from longboat.sharding.elastic import meta_copy, remember
+from longboat.sharding.blueprint import meta_copy, remember
 from longboat.sharding.model import FullyShardedModel
 from longboat.sharding.optimizer import FullyShardedStep, rebuild
 from longboat.sharding.policies import FullyShardPolicy
