@@ -54,14 +54,11 @@ def rebuild(model: FullyShardedModel, optimizer: torch.optim.Optimizer | None) -
     fresh.to_empty(device=device)
     for name, buffer in old.named_buffers():  # this rank's own, until State.sync says else
         owner, _, leaf = name.rpartition(".")
-        fresh.get_submodule(owner)._buffers[leaf] = buffer
+        setattr(fresh.get_submodule(owner), leaf, buffer)  # a registered buffer stays one
     new = dict(fresh.named_parameters())
     replaced = {id(p): new[name] for name, p in old.named_parameters()}
     sharded = rebuild_optimizer(step.user, replaced)
-    model.module = fresh
-    model.policy = policy
-    model.micro_step = 0
-    model._synced = True
+    model.take(fresh, policy)
     assert isinstance(optimizer, StagedOptimizer)
     new_step = FullyShardedStep(step.user, sharded, fresh, policy.degree, step.divide_by)
     optimizer.set_stage(new_step)

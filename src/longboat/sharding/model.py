@@ -43,17 +43,22 @@ class FullyShardedModel(nn.Module):
         scaling: ShardedLossScaling | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(module, FSDPModule):
-            raise TypeError("FullyShardedModel wraps a module fully_shard was applied to")
-        self.module = module
-        self.policy = policy
+        self.take(module, policy)
         self.k_steps = k_steps
         self.merge_avg = merge_avg
         self.broadcast_buffers = broadcast_buffers
         self.amp = amp  # float16: the loss scale is applied to the outputs' gradients
         self.scaling = scaling
-        self.micro_step = 0
         self._no_sync = False
+
+    def take(self, module: nn.Module, policy: FullyShardPolicy) -> None:
+        """Wrap ``module`` (sharded by ``policy``) from the first micro-step: at construction,
+        and when an elastic job shards the model anew over a new world."""
+        if not isinstance(module, FSDPModule):
+            raise TypeError("FullyShardedModel wraps a module fully_shard was applied to")
+        self.module = module
+        self.policy = policy
+        self.micro_step = 0
         self._synced = True  # whether the last training forward's backward reduce-scatters
 
     @property
